@@ -1,0 +1,192 @@
+"""The speculative generate loop, and `python -m decode.generate` (streams text as it is accepted).
+
+One round: the drafter proposes a tree -> one target pass over [pending] + tree -> verify ->
+compact the target's KV cache to the accepted path -> tell the drafter. With the `ar` drafter
+(empty trees) this is plain autoregressive decoding, the reference the others must match.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from decode.metrics import GenStats
+from decode.policies import FixedPolicy, Policy, capped, make_policy
+from decode.protocol import Budget, Drafter, TargetStep, layer_reuse
+from decode.sampling import Rng, SamplingConfig, TorchRng, probs_from_logits
+from decode.target import Target
+from decode.tree import Shape, parse_shape
+from decode.verify import verify_greedy, verify_sampling
+
+
+@dataclass
+class Generation:
+    """Emitted tokens (prompt excluded) and the run's statistics."""
+
+    tokens: list[int]
+    stats: GenStats
+
+
+def check_length(target: Target, prompt_len: int, max_new_tokens: int) -> None:
+    if prompt_len < 1:
+        raise ValueError("empty prompt: at least one token (e.g. BOS) is needed")
+    if prompt_len + max_new_tokens > target.max_positions:
+        raise ValueError(f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's "
+                         f"max positions ({target.max_positions}); shorten the prompt or lower --max-new-tokens")
+
+
+def pick(logits: Tensor, sampling: SamplingConfig, rng: Rng) -> int:
+    """One token from the target's logits [V], the AR way."""
+    if sampling.greedy:
+        return int(logits.argmax())
+    return rng.categorical(probs_from_logits(logits, sampling))
+
+
+@torch.inference_mode()
+def generate(target: Target, drafter: Drafter, prompt_ids: Tensor, max_new_tokens: int,
+             sampling: SamplingConfig = SamplingConfig(), shape: Shape = Shape(), policy: Policy | None = None,
+             seed: int = 0, on_tokens: Callable[[list[int]], None] | None = None) -> Generation:
+    """Generate up to max_new_tokens (stopping after an EOS) with `drafter` proposing and `target` verifying."""
+    prompt_ids = torch.as_tensor(prompt_ids, dtype=torch.long).view(-1)
+    check_length(target, prompt_ids.numel(), max_new_tokens)
+    policy = policy or FixedPolicy()
+    rng = TorchRng(seed)
+    stats = GenStats()
+    hidden_ids = tuple(drafter.hidden_ids)
+    passes0 = drafter.forward_passes
+    t_start = time.perf_counter()
+
+    # 1. prefill: the target processes the prompt and emits the first token.
+    cache = target.new_cache()
+    out = target.prefill(prompt_ids, cache, hidden_ids=hidden_ids)
+    first = pick(out.logits[-1], sampling, rng)
+    emitted = [first]
+    stats.target_passes = 1
+    committed = prompt_ids.numel()
+    step = TargetStep(torch.cat([prompt_ids[1:], torch.tensor([first])]), out.hidden, [], committed, cache)
+    if on_tokens:
+        on_tokens([first])
+    drafter.begin(prompt_ids, step)
+    stats.prefill_s = time.perf_counter() - t_start
+
+    while len(emitted) < max_new_tokens and emitted[-1] not in target.eos_ids:
+        # 2. draft: no deeper than what can still be emitted (the bonus takes one) or positioned.
+        t0 = time.perf_counter()
+        room = min(max_new_tokens - len(emitted) - 1, target.max_positions - committed - 2)
+        round_shape = capped(policy.shape(shape), room)
+        tree = drafter.propose(Budget(round_shape, sampling, rng))
+        if tree.depth() > room:
+            tree = tree.truncate_depth(room)
+        reuse = layer_reuse(drafter)
+        t1 = time.perf_counter()
+
+        # 3. verify: one target pass over [pending] + tree.
+        out = target.forward_tree(emitted[-1], tree, cache, hidden_ids, reuse)
+        if sampling.greedy:
+            verdict = verify_greedy(tree, out.logits.argmax(-1))
+        else:
+            verdict = verify_sampling(tree, probs_from_logits(out.logits, sampling), rng)
+        t2 = time.perf_counter()
+
+        # 4. commit: keep the root and the accepted path in the cache, emit path tokens + bonus.
+        keep = torch.tensor([0] + [i + 1 for i in verdict.path], dtype=torch.long)
+        cache.compact(committed, keep)
+        committed += keep.numel()
+        new = tree.tokens[verdict.path].tolist() + [verdict.bonus]
+        stats.target_passes += 1
+        stats.record_round(tree.depth(), len(verdict.path), tree.size)
+        new = truncate(new, max_new_tokens - len(emitted), target.eos_ids)
+        emitted.extend(new)
+        if on_tokens:
+            on_tokens(new)
+        hidden = {i: h[keep] for i, h in out.hidden.items()}
+        drafter.accept(TargetStep(torch.tensor(new), hidden, verdict.path, committed, cache))
+        t3 = time.perf_counter()
+        stats.draft_s += t1 - t0
+        stats.verify_s += t2 - t1
+        stats.commit_s += t3 - t2
+        policy.observe(tree.depth(), len(verdict.path), t1 - t0, t2 - t1)
+
+    stats.new_tokens = len(emitted)
+    stats.drafter_passes = drafter.forward_passes - passes0
+    stats.wall_s = time.perf_counter() - t_start
+    return Generation(emitted, stats)
+
+
+def truncate(tokens: list[int], room: int, eos_ids: set[int]) -> list[int]:
+    """At most `room` tokens, ending at the first EOS."""
+    out = []
+    for t in tokens[:room]:
+        out.append(t)
+        if t in eos_ids:
+            break
+    return out
+
+
+def encode_prompt(target: Target, text: str) -> Tensor:
+    if target.tokenizer is None:
+        raise ValueError(f"{target.name_or_path} has no tokenizer: cannot encode a text prompt")
+    ids = target.tokenizer(text, return_tensors="pt").input_ids[0]
+    if ids.numel() == 0:
+        raise ValueError("the prompt encodes to no tokens")
+    return ids
+
+
+def add_decode_args(ap: argparse.ArgumentParser) -> None:
+    """Options shared by decode.generate and decode.evaluate."""
+    ap.add_argument("--target", required=True, help="model directory or hub id")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--tree", default="chain", help="chain | static:FILE | dynamic:topk=8,depth=6,nodes=60")
+    ap.add_argument("--draft-len", type=int, default=8, help="chain length k")
+    ap.add_argument("--policy", default="fixed", help="draft-length policy")
+    ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    ap.add_argument("--top-p", type=float, default=1.0)
+    ap.add_argument("--top-k", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--attn", default="sdpa", help="attention implementation: sdpa | eager")
+
+
+def main(argv: list[str] | None = None) -> int:
+    from drafters.registry import make_drafter
+
+    ap = argparse.ArgumentParser(prog="python -m decode.generate", description=__doc__.splitlines()[0])
+    add_decode_args(ap)
+    ap.add_argument("--drafter", default="ar", help="drafter SPEC (see drafters.registry)")
+    ap.add_argument("--prompt", required=True)
+    args = ap.parse_args(argv)
+    torch.manual_seed(args.seed)
+    target = Target.load(args.target, dtype=args.dtype, attn=args.attn)
+    drafter = make_drafter(args.drafter, target)
+    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
+    shape = parse_shape(args.tree, args.draft_len)
+    tok = target.tokenizer
+    ids = encode_prompt(target, args.prompt)
+    sys.stdout.write(args.prompt)
+    shown: list[int] = []
+    printed = 0
+
+    def stream(new: list[int]) -> None:  # decode the whole text so far: sentencepiece spaces need context
+        nonlocal printed
+        shown.extend(new)
+        text = tok.decode(shown, skip_special_tokens=True)
+        sys.stdout.write(text[printed:])
+        sys.stdout.flush()
+        printed = len(text)
+
+    gen = generate(target, drafter, ids, args.max_new_tokens, sampling, shape, make_policy(args.policy),
+                   args.seed, on_tokens=stream)
+    s = gen.stats
+    print(f"\n[{drafter.name}] {s.new_tokens} tokens, {s.target_passes} target passes, tau {s.tau:.2f}, "
+          f"{s.tokens_per_s:.1f} tok/s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""The drafter protocol: what the generate loop tells a drafter and what it asks of it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from torch import Tensor
+
+from decode.sampling import Rng, SamplingConfig
+from decode.target import KVCache, LayerReuse
+from decode.tree import DraftTree, Shape
+
+
+@dataclass
+class TargetStep:
+    """What the target produced since the drafter last heard from it.
+
+    tokens[-1] is the pending token: emitted, but not yet in the target's KV cache.
+    hidden[i][j] is the target's state (hidden id i) at the position that produced tokens[j].
+    At `begin`, tokens = prompt[1:] + [first token] and hidden covers every prompt position.
+    """
+
+    tokens: Tensor  # [n]
+    hidden: dict[int, Tensor]  # id -> [n, D]
+    path: list[int]  # accepted node indices of the last draft (empty at begin)
+    committed: int  # tokens in the target's KV cache
+    cache: KVCache | None = None  # the target's cache: read-only below `committed`, scratch above
+
+
+@dataclass
+class Budget:
+    """What to propose this round: the shape (its length already set by the policy) and sampling settings."""
+
+    shape: Shape
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    rng: Rng | None = None
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """A draft source. `hidden_ids` are the target hidden-state ids it needs in every TargetStep."""
+
+    name: str
+    hidden_ids: tuple[int, ...]
+    forward_passes: int  # drafter forward calls so far (metrics)
+
+    def begin(self, prompt_ids: Tensor, step: TargetStep) -> None: ...
+
+    def propose(self, budget: Budget) -> DraftTree: ...
+
+    def accept(self, step: TargetStep) -> None: ...
+
+
+def layer_reuse(drafter: Drafter) -> LayerReuse | None:
+    """The early layers a drafter already ran for this round's tree (LayerSkip-style), if any."""
+    fn = getattr(drafter, "reuse", None)
+    return fn() if fn is not None else None

@@ -1,0 +1,284 @@
+"""The frozen target: load any HF decoder-only LM, run it over prefixes and draft trees by hand.
+
+We run the decoder layers ourselves (embed -> layers -> norm -> lm_head) instead of calling
+`model.forward`, because speculative decoding needs three things HF's forward does not give
+together: an arbitrary additive tree mask, a layer range [a, b) with its own cache (early exit,
+layer skipping, LayerSkip), and hidden states at chosen ids without materialising all of them.
+
+Hidden-state ids follow HF's `output_hidden_states` (DESIGN §3): 0 = embeddings, i = output of
+decoder layer i (1..L-1), L = the post-final-norm state.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from decode.tree import DraftTree, tree_attention_mask, tree_depths
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+class LayoutError(ValueError):
+    """The model does not have the standard `model.model.{embed_tokens,layers,norm,rotary_emb}` + `lm_head` layout."""
+
+
+class KVCache:
+    """Preallocated K/V buffers, one length per layer; HF attention modules call `update`.
+
+    Per-layer lengths let a drafter that runs only layers [0, K) (early exit) append draft tokens
+    to those layers while the deeper layers stay at the committed length. Buffers grow by doubling.
+    """
+
+    def __init__(self, num_layers: int) -> None:
+        self.keys: list[Tensor | None] = [None] * num_layers
+        self.values: list[Tensor | None] = [None] * num_layers
+        self.lens: list[int] = [0] * num_layers
+
+    def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args, **kwargs) -> tuple[Tensor, Tensor]:
+        # key_states: [B, kv_heads, T, head_dim]
+        n, t = self.lens[layer_idx], key_states.shape[2]
+        self._reserve(layer_idx, key_states, n + t)
+        k, v = self.keys[layer_idx], self.values[layer_idx]
+        k[:, :, n : n + t] = key_states
+        v[:, :, n : n + t] = value_states
+        self.lens[layer_idx] = n + t
+        return k[:, :, : n + t], v[:, :, : n + t]
+
+    def _reserve(self, i: int, like: Tensor, need: int) -> None:
+        buf = self.keys[i]
+        if buf is not None and buf.shape[2] >= need:
+            return
+        cap = max(need, 64 if buf is None else 2 * buf.shape[2])
+        shape = (like.shape[0], like.shape[1], cap, like.shape[3])
+        new_k, new_v = like.new_empty(shape), like.new_empty(shape)
+        if buf is not None:
+            n = self.lens[i]
+            new_k[:, :, :n] = buf[:, :, :n]
+            new_v[:, :, :n] = self.values[i][:, :, :n]
+        self.keys[i], self.values[i] = new_k, new_v
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.lens[layer_idx]
+
+    def crop(self, length: int, layers: range | None = None) -> None:
+        """Forget everything past `length` tokens (in the given layers, default all)."""
+        for i in layers if layers is not None else range(len(self.lens)):
+            self.lens[i] = min(self.lens[i], length)
+
+    def compact(self, start: int, keep: Tensor) -> None:
+        """Keep positions `start + keep` (in order) right after the first `start` tokens, drop the rest.
+
+        Used after verification: the accepted root-to-node path of a tree is moved into place.
+        """
+        m = keep.numel()
+        for i, n in enumerate(self.lens):
+            if n <= start:
+                continue
+            src = keep.to(self.keys[i].device) + start
+            if int(src.max()) >= n:
+                raise IndexError(f"layer {i}: cannot keep position {int(src.max())} of {n} cached tokens")
+            for buf in (self.keys[i], self.values[i]):
+                buf[:, :, start : start + m] = buf[:, :, src]
+            self.lens[i] = start + m
+
+
+@dataclass
+class ForwardOut:
+    """What one forward returns: logits at every input position and hidden states at requested ids."""
+
+    logits: Tensor | None  # [T, V]
+    hidden: dict[int, Tensor] = field(default_factory=dict)  # id -> [T, D]
+    last: Tensor | None = None  # [T, D] the pre-norm output of the last layer run
+
+
+def resolve_model_path(name_or_path: str | os.PathLike) -> str:
+    """A local directory, or a hub id that must already be in the local cache when offline."""
+    p = Path(name_or_path)
+    if p.exists():
+        if not (p / "config.json").exists():
+            raise FileNotFoundError(f"{p} exists but has no config.json: point --target at a model directory")
+        return str(p)
+    s = str(name_or_path)
+    if s.startswith((".", "/", "~")) or s.count("/") != 1:
+        raise FileNotFoundError(f"model directory not found: {s}")
+    return s
+
+
+def load_model(name_or_path: str | os.PathLike, dtype: str = "float32", attn: str = "sdpa",
+               device: str = "cpu") -> nn.Module:
+    """Load an HF causal LM (trust_remote_code off) with a clear error when it cannot be found."""
+    from transformers import AutoModelForCausalLM
+
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r} not one of {sorted(DTYPES)}")
+    path = resolve_model_path(name_or_path)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation=attn,
+                                                     trust_remote_code=False)
+    except OSError as e:
+        offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+        hint = " (HF_HUB_OFFLINE=1: download it first or pass a local directory)" if offline else ""
+        raise FileNotFoundError(f"cannot load model {str(name_or_path)!r}{hint}: {e}") from e
+    return model.to(device).eval().requires_grad_(False)
+
+
+def load_tokenizer(name_or_path: str | os.PathLike):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(resolve_model_path(name_or_path), trust_remote_code=False)
+
+
+class Target:
+    """A frozen decoder-only LM run layer by layer. State lives only in the KVCache objects it is given."""
+
+    def __init__(self, model: nn.Module, tokenizer=None) -> None:
+        inner = getattr(model, "model", None)
+        missing = [n for n in ("embed_tokens", "layers", "norm", "rotary_emb") if not hasattr(inner, n)]
+        if inner is None or missing or not hasattr(model, "lm_head"):
+            what = "model.model" if inner is None else ", ".join(f"model.model.{n}" for n in missing) or "lm_head"
+            raise LayoutError(f"{type(model).__name__} lacks the standard decoder-only layout ({what}); "
+                              "draftsmith needs model.model.{embed_tokens,layers,norm,rotary_emb} and lm_head")
+        self.model, self.tokenizer = model, tokenizer
+        self.config = model.config
+        self.embed_tokens, self.layers = inner.embed_tokens, inner.layers
+        self.norm, self.rotary_emb, self.lm_head = inner.norm, inner.rotary_emb, model.lm_head
+        self.num_layers = len(self.layers)
+        self.hidden_size = self.config.hidden_size
+        self.vocab_size = self.lm_head.weight.shape[0]
+        self.max_positions = int(getattr(self.config, "max_position_embeddings", 1 << 30))
+        eos = getattr(model.generation_config, "eos_token_id", None) or self.config.eos_token_id
+        self.eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+
+    @classmethod
+    def load(cls, name_or_path: str | os.PathLike, dtype: str = "float32", attn: str = "sdpa",
+             device: str = "cpu") -> Target:
+        model = load_model(name_or_path, dtype=dtype, attn=attn, device=device)
+        try:
+            tok = load_tokenizer(name_or_path)
+        except (OSError, ValueError):
+            tok = None
+        t = cls(model, tok)
+        t.name_or_path = str(name_or_path)
+        return t
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    def new_cache(self) -> KVCache:
+        return KVCache(self.num_layers)
+
+    def check_hidden_ids(self, ids) -> None:
+        bad = [i for i in ids if not 0 <= i <= self.num_layers]
+        if bad:
+            raise ValueError(f"hidden-state ids {bad} out of range 0..{self.num_layers} (0 = embeddings, "
+                             f"{self.num_layers} = final normed state)")
+
+    # --- pieces ---------------------------------------------------------------------------
+
+    def embed(self, ids: Tensor) -> Tensor:
+        return self.embed_tokens(ids.view(1, -1).to(self.device))  # [1, T, D]
+
+    def head(self, h: Tensor) -> Tensor:
+        """Final norm + LM head on pre-norm states. [.., D] -> [.., V]"""
+        return self.lm_head(self.norm(h))
+
+    def run_layers(self, h: Tensor, start: int, end: int, cache: KVCache | None, positions: Tensor,
+                   mask: Tensor | None = None, capture: tuple[int, ...] = (),
+                   skip: frozenset[int] = frozenset()) -> tuple[Tensor, dict[int, Tensor]]:
+        """Run decoder layers [start, end) (minus `skip`) on h [1, T, D] at `positions` [T].
+
+        mask: additive float [1, 1, T, S] over the cache's tokens plus these (None = full attention,
+        valid for T == 1 or an empty cache with mask built by the caller). Returns the pre-norm
+        output [1, T, D] and the captured hidden states {id: [T, D]} for ids in (start, end].
+        """
+        pos = positions.view(1, -1).to(h.device)
+        rope = self.rotary_emb(h, pos)
+        captured: dict[int, Tensor] = {}
+        if start in capture and start == 0:
+            captured[0] = h[0]
+        for i in range(start, end):
+            if i not in skip:
+                h = self.layers[i](h, attention_mask=mask, position_ids=pos, cache=cache, use_cache=cache is not None,
+                                   position_embeddings=rope)
+            if i + 1 in capture:
+                captured[i + 1] = (self.norm(h) if i + 1 == self.num_layers else h)[0]
+        return h, captured
+
+    # --- whole passes ---------------------------------------------------------------------
+
+    def forward(self, ids: Tensor, cache: KVCache | None, positions: Tensor | None = None,
+                mask: Tensor | None = None, hidden_ids: tuple[int, ...] = (), logits: bool = True) -> ForwardOut:
+        """All layers over ids [T] appended to `cache`; causal over the new tokens unless `mask` is given."""
+        past = cache.lens[0] if cache is not None else 0
+        t = ids.numel()
+        if positions is None:
+            positions = torch.arange(past, past + t, device=self.device)
+        if mask is None and t > 1:
+            mask = causal_mask(past, t, self.dtype, self.device)
+        self.check_hidden_ids(hidden_ids)
+        h, hid = self.run_layers(self.embed(ids), 0, self.num_layers, cache, positions, mask, tuple(hidden_ids))
+        return ForwardOut(self.head(h)[0] if logits else None, hid, h[0])
+
+    def prefill(self, prompt_ids: Tensor, cache: KVCache, hidden_ids: tuple[int, ...] = ()) -> ForwardOut:
+        return self.forward(prompt_ids, cache, hidden_ids=hidden_ids)
+
+    def forward_tree(self, root: int, tree: DraftTree, cache: KVCache, hidden_ids: tuple[int, ...] = (),
+                     reuse: LayerReuse | None = None) -> ForwardOut:
+        """One pass over [root] + tree nodes; returns logits [1 + N, V] (row 0 = root).
+
+        Positions are prefix length + depth, the mask lets a node see the prefix and its ancestors.
+        With `reuse`, the first `reuse.layers` layers were already run (by an early-exit drafter,
+        writing those layers' scratch KV) for the first rows: only the rest go through them.
+        """
+        prefix = cache.lens[-1]
+        parents = torch.cat([torch.tensor([-1]), tree.parents.cpu() + 1]) if tree.size else torch.tensor([-1])
+        ids = torch.cat([torch.tensor([root]), tree.tokens.cpu()])
+        positions = prefix + tree_depths(parents).to(self.device)
+        mask = tree_attention_mask(parents, prefix, self.dtype, self.device) if tree.size else None
+        k = reuse.layers if reuse is not None else 0
+        n = reuse.hidden.shape[0] if reuse is not None else 0
+        if any(ln != prefix + (n if i < k else 0) for i, ln in enumerate(cache.lens)):
+            raise RuntimeError(f"target cache lengths {cache.lens} do not match prefix {prefix} (+{n} reused "
+                               f"in layers < {k}): a drafter left scratch entries in the target cache")
+        self.check_hidden_ids(hidden_ids)
+        if reuse is None:
+            h, hid = self.run_layers(self.embed(ids), 0, self.num_layers, cache, positions, mask, tuple(hidden_ids))
+            return ForwardOut(self.head(h)[0], hid, h[0])
+        # LayerSkip-style reuse: rows [0, n) already have layer-K states and K-layer KV in the cache.
+        if any(i <= k for i in hidden_ids if i > 0) or 0 in hidden_ids:
+            raise ValueError("hidden ids at or below the reused layers are not available with reuse")
+        rest = ids[n:]
+        h_k = reuse.hidden.unsqueeze(0)
+        if rest.numel():
+            sub = mask[:, :, n:] if mask is not None else None
+            h_rest, _ = self.run_layers(self.embed(rest), 0, k, cache, positions[n:], sub, ())
+            h_k = torch.cat([h_k, h_rest], dim=1)
+        h, hid = self.run_layers(h_k, k, self.num_layers, cache, positions, mask, tuple(hidden_ids))
+        return ForwardOut(self.head(h)[0], hid, h[0])
+
+
+@dataclass
+class LayerReuse:
+    """Layers [0, layers) already run for the first rows of a tree pass (their KV sits in the target cache)."""
+
+    layers: int
+    hidden: Tensor  # [n, D] pre-norm output of layer `layers` for rows 0..n-1 of [root] + nodes
+
+
+def causal_mask(past: int, t: int, dtype: torch.dtype, device: torch.device | str) -> Tensor:
+    """Additive float causal mask [1, 1, t, past + t] for t new tokens after `past` cached ones."""
+    m = torch.full((t, past + t), torch.finfo(dtype).min, dtype=dtype, device=device)
+    m[:, :past] = 0
+    m[:, past:] = torch.triu(m[:, past:], diagonal=1)
+    return m.view(1, 1, t, past + t)

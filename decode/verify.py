@@ -1,0 +1,81 @@
+"""Verification of a draft tree against the target: pure functions, greedy and lossless sampling."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from decode.sampling import Rng
+from decode.tree import DraftTree
+
+
+@dataclass
+class Verdict:
+    """The accepted root-to-node path (node indices, shallowest first) and the bonus token after it."""
+
+    path: list[int]
+    bonus: int
+
+
+def verify_greedy(tree: DraftTree, argmax: Tensor) -> Verdict:
+    """Walk the tree accepting a child whose token is the target's argmax at its parent.
+
+    argmax: [1 + N] target argmax at the root (row 0) and at every node (row i + 1).
+    """
+    want = argmax.tolist()
+    tokens = tree.tokens.tolist()
+    children = tree.children()
+    path, row = [], 0
+    while True:
+        nxt = next((c for c in children[row] if tokens[c] == want[row]), None)
+        if nxt is None:
+            return Verdict(path, want[row])
+        path.append(nxt)
+        row = nxt + 1
+
+
+def verify_sampling(tree: DraftTree, p: Tensor, rng: Rng) -> Verdict:
+    """Multi-draft recursive rejection sampling (SpecInfer; without-replacement variant), lossless.
+
+    p: [1 + N, V] target probabilities (after temperature/top-k/top-p) at the root and every node.
+    At an accepted node with children x_1..x_m drawn from q:
+      1. q_i = q with x_1..x_{i-1} zeroed and renormalised (i.i.d. draws: q_i = q);
+      2. accept x_i with probability min(1, p(x_i) / q_i(x_i));
+      3. on rejection p <- norm(max(p - q_i, 0)) and try the next child.
+    Deterministic proposals (q is None) are point masses: accept x_i with probability p(x_i), else
+    zero p(x_i) and renormalise. If every child is rejected, the bonus is drawn from the residual p.
+    """
+    tokens = tree.tokens.tolist()
+    children = tree.children()
+    path, row = [], 0
+    while True:
+        kids = children[row]
+        residual = p[row].double().clone()
+        q_cur = tree.q[kids[0]].double().clone() if (kids and tree.q is not None) else None
+        accepted = None
+        for x in kids:
+            tok = tokens[x]
+            if q_cur is None:  # point mass at tok
+                if rng.accept(float(residual[tok])):
+                    accepted = x
+                    break
+                residual[tok] = 0.0
+            else:
+                q_i = q_cur / q_cur.sum()
+                if rng.accept(min(1.0, float(residual[tok] / q_i[tok]))):
+                    accepted = x
+                    break
+                residual = torch.clamp(residual - q_i, min=0.0)
+                if not tree.iid:
+                    q_cur[tok] = 0.0
+            total = residual.sum()
+            if total <= 1e-300:  # only reachable through rounding when p == q_i exactly
+                residual = p[row].double().clone()
+                total = residual.sum()
+            residual = residual / total
+        if accepted is None:
+            return Verdict(path, rng.categorical(residual))
+        path.append(accepted)
+        row = accepted + 1

@@ -1,0 +1,96 @@
+"""Drafter SPEC strings -> drafters (DESIGN §6). The decode CLIs resolve SPECs only through here."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from decode.protocol import Drafter
+from decode.target import Target
+
+SPEC_FORMS = [
+    "ar",
+    "early-exit:K",
+    "skip:i,j,...",
+    "draft-model:DIR",
+    "prompt-lookup[:ngram=3,k=10]",
+    "lookahead[:window=..,ngram=..,guesses=..]",
+    "a native checkpoint directory (config.json with a draftsmith drafter kind)",
+    "an exported EAGLE-3 directory",
+]
+
+
+def parse_kv(arg: str, defaults: dict[str, int | float], spec: str) -> dict[str, int | float]:
+    """`a=1,b=2` -> dict, checked against `defaults` (which also give the types)."""
+    out = dict(defaults)
+    for part in filter(None, arg.split(",")):
+        key, eq, val = part.partition("=")
+        if not eq or key not in defaults:
+            raise ValueError(f"drafter {spec!r}: option {part!r} not one of {sorted(defaults)} (form key=value)")
+        out[key] = type(defaults[key])(val)
+    return out
+
+
+def _ints(arg: str, spec: str) -> list[int]:
+    try:
+        return [int(x) for x in arg.split(",") if x]
+    except ValueError:
+        raise ValueError(f"drafter {spec!r}: expected integers after ':'") from None
+
+
+def _early_exit(target: Target, arg: str, spec: str) -> Drafter:
+    from drafters.early_exit import EarlyExitDrafter
+
+    ks = _ints(arg, spec)
+    if len(ks) != 1:
+        raise ValueError(f"drafter {spec!r}: expected early-exit:K")
+    return EarlyExitDrafter(target, ks[0])
+
+
+def _skip(target: Target, arg: str, spec: str) -> Drafter:
+    from drafters.skip import SkipDrafter
+
+    return SkipDrafter(target, _ints(arg, spec))
+
+
+def _draft_model(target: Target, arg: str, spec: str) -> Drafter:
+    from drafters.draft_model import DraftModelDrafter
+
+    if not arg:
+        raise ValueError("drafter 'draft-model:DIR' needs a model directory")
+    draft = Target.load(arg, dtype=str(target.dtype).removeprefix("torch."), device=str(target.device))
+    return DraftModelDrafter(target, draft, name=spec)
+
+
+def _ar(target: Target, arg: str, spec: str) -> Drafter:
+    from drafters.ar import ARDrafter
+
+    return ARDrafter()
+
+
+# name -> factory(target, text after ':', whole spec). Other modules register their own forms here.
+FACTORIES: dict[str, Callable[[Target, str, str], Drafter]] = {
+    "ar": _ar,
+    "early-exit": _early_exit,
+    "skip": _skip,
+    "draft-model": _draft_model,
+}
+
+# Checkpoint directories: loaders tried in order, each returning None when the directory is not theirs.
+DIR_LOADERS: list[Callable[[Target, Path], Drafter | None]] = []
+
+
+def make_drafter(spec: str, target: Target) -> Drafter:
+    """Build the drafter a SPEC string names, for this target."""
+    name, _, arg = spec.partition(":")
+    if name in FACTORIES:
+        return FACTORIES[name](target, arg, spec)
+    path = Path(spec)
+    if path.is_dir():
+        for loader in DIR_LOADERS:
+            drafter = loader(target, path)
+            if drafter is not None:
+                return drafter
+        raise ValueError(f"{spec}: a directory, but not a drafter checkpoint this version can load")
+    forms = "\n  ".join(SPEC_FORMS)
+    raise ValueError(f"unknown drafter SPEC {spec!r}; valid forms:\n  {forms}")
