@@ -1,0 +1,56 @@
+"""Shared fixtures: tiny random Qwen3 and Llama targets (fp32, eager and sdpa) and the bundled real target."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+REPO = Path(__file__).resolve().parents[1]
+STORIES = REPO / "recipes" / "targets" / "stories260K"
+DEV_PROMPTS = REPO / "recipes" / "prompts" / "stories_dev.txt"
+
+
+def tiny_model(family: str = "qwen3", attn: str = "eager", layers: int = 4, vocab: int = 128, seed: int = 0,
+               hidden: int = 32):
+    """A random decoder-only LM with the standard HF layout, small enough for a test."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4, max_position_embeddings=512,
+                  bos_token_id=1, eos_token_id=2, pad_token_id=0, attn_implementation=attn)
+    if family == "qwen3":
+        model = Qwen3ForCausalLM(Qwen3Config(tie_word_embeddings=False, **common))
+    else:
+        model = LlamaForCausalLM(LlamaConfig(tie_word_embeddings=True, **common))
+    return model.eval().requires_grad_(False)
+
+
+def tiny_target(family: str = "qwen3", attn: str = "eager", **kw):
+    from decode.target import Target
+
+    return Target(tiny_model(family, attn, **kw))
+
+
+@pytest.fixture(params=[("qwen3", "eager"), ("llama", "sdpa")], ids=lambda p: f"{p[0]}-{p[1]}")
+def tiny(request):
+    """A tiny random target: Qwen3 with eager attention and Llama with sdpa."""
+    return tiny_target(*request.param)
+
+
+@pytest.fixture(scope="session")
+def stories():
+    """The bundled real target (Karpathy's stories260K)."""
+    from decode.target import Target
+
+    return Target.load(STORIES)
