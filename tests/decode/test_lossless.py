@@ -1,0 +1,141 @@
+"""Greedy speculative output equals AR token for token, for every untrained drafter and draft shape."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from decode.generate import encode_prompt, generate
+from decode.sampling import SamplingConfig
+from decode.target import Target
+from decode.tree import Shape, parse_shape
+from drafters.ar import ARDrafter
+from drafters.registry import make_drafter
+
+STATIC = ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 0, 0, 0))
+SHAPES = {
+    "chain": Shape("chain", k=4),
+    "static": Shape("static", choices=STATIC),
+    "dynamic": Shape("dynamic", topk=3, depth=4, nodes=12),
+}
+
+
+def _save_tiny(tmp_path_factory, model, name):
+    d = tmp_path_factory.mktemp(name)
+    model.save_pretrained(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(tmp_path_factory):
+    """A tiny Qwen3 target and a second tiny model (other weights, same vocab) saved as a draft model dir."""
+    from tests.conftest import tiny_model
+
+    target = Target(tiny_model("qwen3", "eager", seed=0))
+    draft_dir = _save_tiny(tmp_path_factory, tiny_model("qwen3", "eager", layers=2, seed=1), "draft")
+    return target, draft_dir
+
+
+def _specs(n_layers: int, draft_dir) -> list[str]:
+    return ["early-exit:1", f"early-exit:{n_layers - 1}", "skip:1", f"skip:0,{n_layers - 1}", f"draft-model:{draft_dir}"]
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("family", ["qwen3-eager", "llama-sdpa"])
+def test_greedy_equals_ar_tiny(tiny_pair, tmp_path, shape, family):
+    from tests.conftest import tiny_model
+
+    name, attn = family.split("-")
+    target = tiny_pair[0] if name == "qwen3" else Target(tiny_model(name, attn, seed=3, vocab=128))
+    torch.manual_seed(5)
+    for trial in range(2):
+        prompt = torch.randint(3, 128, (4 + 3 * trial,))
+        ref = generate(target, ARDrafter(), prompt, 40)
+        for spec in _specs(target.num_layers, tiny_pair[1]):
+            gen = generate(target, make_drafter(spec, target), prompt, 40, shape=SHAPES[shape])
+            assert gen.tokens == ref.tokens, f"{spec} {shape}"
+            assert gen.stats.new_tokens == 40
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_greedy_equals_ar_bundled(stories, shape):
+    ids = encode_prompt(stories, "One day, a boy named Tim went to the park with his mom.")
+    ref = generate(stories, ARDrafter(), ids, 60)
+    for spec in ["early-exit:1", "early-exit:2", "early-exit:4", "skip:2", "skip:1,3", "draft-model:recipes/targets/stories260K"]:
+        gen = generate(stories, make_drafter(spec, stories), ids, 60, shape=SHAPES[shape])
+        assert gen.tokens == ref.tokens, spec
+    same = generate(stories, make_drafter("draft-model:recipes/targets/stories260K", stories), ids, 60,
+                    shape=Shape("chain", k=8))
+    assert same.stats.tau > 6  # a drafter identical to the target is always accepted
+
+
+def test_static_tree_file_and_dynamic_spec(tmp_path, stories):
+    f = tmp_path / "tree.json"
+    f.write_text(json.dumps([list(c) for c in STATIC]))
+    assert parse_shape(f"static:{f}").choices == tuple(sorted(STATIC, key=lambda c: (len(c), c)))
+    assert parse_shape("dynamic:topk=4,depth=3,nodes=9") == Shape("dynamic", topk=4, depth=3, nodes=9)
+    with pytest.raises(ValueError, match="not one of"):
+        parse_shape("dynamic:width=3")
+    bad = tmp_path / "bad.json"
+    bad.write_text("[[0, 1]]")
+    with pytest.raises(ValueError, match="no parent path"):
+        parse_shape(f"static:{bad}")
+
+
+def test_early_exit_reuse_is_exact(stories):
+    """Verification that reuses the drafter's layer-K states and KV equals a full recompute."""
+    from decode.protocol import Budget, TargetStep, layer_reuse
+    from drafters.early_exit import EarlyExitDrafter
+
+    ids = encode_prompt(stories, "Sam had a red ball that he loved very much.")
+    outs, caches = [], []
+    for reuse in (True, False):
+        d = EarlyExitDrafter(stories, 3, reuse=reuse)
+        cache = stories.new_cache()
+        pre = stories.prefill(ids, cache)
+        first = int(pre.logits[-1].argmax())
+        d.begin(ids, TargetStep(torch.cat([ids[1:], torch.tensor([first])]), {}, [], ids.numel(), cache))
+        tree = d.propose(Budget(Shape("chain", k=5)))
+        r = layer_reuse(d)
+        assert (r is not None) == reuse
+        outs.append(stories.forward_tree(first, tree, cache, reuse=r).logits)
+        caches.append(cache)
+    assert outs[0].shape == (6, stories.vocab_size)
+    torch.testing.assert_close(outs[0], outs[1], atol=2e-5, rtol=1e-5)
+    assert caches[0].lens == caches[1].lens
+    for i in range(stories.num_layers):
+        n = caches[0].lens[i]
+        torch.testing.assert_close(caches[0].keys[i][:, :, :n], caches[1].keys[i][:, :, :n], atol=2e-5, rtol=1e-5)
+
+
+def test_sampling_run_is_seeded_and_stays_in_vocab(stories):
+    ids = encode_prompt(stories, "Once upon a time")
+    cfg = SamplingConfig(temperature=0.8, top_p=0.95)
+    a = generate(stories, make_drafter("early-exit:3", stories), ids, 30, sampling=cfg, seed=7)
+    b = generate(stories, make_drafter("early-exit:3", stories), ids, 30, sampling=cfg, seed=7)
+    assert a.tokens == b.tokens and len(a.tokens) == 30
+
+
+def test_eos_and_max_new_tokens_are_exact(tiny_pair):
+    target = tiny_pair[0]
+    prompt = torch.tensor([5, 6, 7, 8])
+    ref = generate(target, ARDrafter(), prompt, 30)
+    eos = ref.tokens[12]
+    target.eos_ids = {eos}
+    try:
+        ar = generate(target, ARDrafter(), prompt, 30)
+        sp = generate(target, make_drafter("draft-model:" + str(tiny_pair[1]), target), prompt, 30, shape=Shape("chain", k=8))
+        sp2 = generate(target, make_drafter("skip:1", target), prompt, 30, shape=Shape("chain", k=8))
+    finally:
+        target.eos_ids = set()
+    stop = ref.tokens.index(eos) + 1
+    assert ar.tokens == ref.tokens[:stop] == sp.tokens == sp2.tokens
+    for n in (1, 2, 7, 9):
+        assert len(generate(target, make_drafter("skip:1", target), prompt, n).tokens) == n
+
+
+def test_too_long_prompt_is_refused(stories):
+    with pytest.raises(ValueError, match="max positions"):
+        generate(stories, ARDrafter(), torch.ones(500, dtype=torch.long), 20)
