@@ -168,8 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     shape = parse_shape(args.tree, args.draft_len)
     tok = target.tokenizer
     ids = encode_prompt(target, args.prompt)
-    sys.stdout.write(args.prompt)
-    shown: list[int] = []
+    shown = ids.tolist()
     printed = 0
 
     def stream(new: list[int]) -> None:  # decode the whole text so far: sentencepiece spaces need context
@@ -180,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         printed = len(text)
 
+    stream([])
+
     gen = generate(target, drafter, ids, args.max_new_tokens, sampling, shape, make_policy(args.policy),
                    args.seed, on_tokens=stream)
     s = gen.stats
@@ -189,4 +190,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from decode.errors import run_cli
+
+    sys.exit(run_cli(main))

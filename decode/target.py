@@ -114,7 +114,9 @@ def load_model(name_or_path: str | os.PathLike, dtype: str = "float32", attn: st
                device: str = "cpu") -> nn.Module:
     """Load an HF causal LM (trust_remote_code off) with a clear error when it cannot be found."""
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # a 47-tensor "Loading weights" bar per load is noise
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r} not one of {sorted(DTYPES)}")
     path = resolve_model_path(name_or_path)
