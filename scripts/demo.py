@@ -9,6 +9,8 @@ import argparse
 import time
 from pathlib import Path
 
+import torch
+
 from decode.generate import encode_prompt, generate
 from decode.target import Target
 from decode.tree import Shape
@@ -22,7 +24,9 @@ def main() -> None:
     ap.add_argument("--target", default=str(REPO / "recipes/targets/stories260K"))
     ap.add_argument("--prompts", default=str(REPO / "recipes/prompts/stories_dev.txt"))
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for the tiny target)")
     args = ap.parse_args()
+    torch.set_num_threads(args.threads)
     target = Target.load(args.target)
     prompts = [encode_prompt(target, line) for line in Path(args.prompts).read_text().splitlines() if line.strip()]
     rows = [("ar", Shape("chain", k=0)), ("early-exit:1", Shape("chain", k=8)), ("early-exit:2", Shape("chain", k=8)),
