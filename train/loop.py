@@ -1,0 +1,296 @@
+"""The training loop on accelerate: one frozen target, one trainable drafter, a run directory.
+
+A run directory holds the resolved config (config.yaml), metrics (metrics.jsonl), accelerate
+checkpoints (checkpoints/step_N: optimizer, scheduler, RNG and the drafter's weights, written to a
+temporary name and renamed) and the final native export (export/). `resume=auto` continues from
+the newest checkpoint. Launch with `python -m train RECIPE.yaml` or `accelerate launch -m train ...`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+CKPT_PREFIX = "step_"
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation and bookkeeping for one run."""
+
+    steps: int = 1000  # optimizer steps
+    batch_size: int = 8  # sequences per process per micro-batch
+    grad_accum: int = 1  # micro-batches per optimizer step
+    pack_length: int = 0  # pack sequences into rows of this many tokens (0 = one sequence per row)
+    lr: float = 3e-4  # peak learning rate
+    weight_decay: float = 0.0  # AdamW weight decay
+    beta1: float = 0.9  # AdamW beta1
+    beta2: float = 0.95  # AdamW beta2
+    warmup_steps: int = 20  # linear warmup from 0 to lr
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"  # decay after warmup
+    min_lr_ratio: float = 0.1  # final lr as a fraction of lr (cosine and linear)
+    max_grad_norm: float = 0.5  # clip the global gradient norm (0 = off)
+    mixed_precision: Literal["no", "bf16"] = "no"  # bf16 autocast for the drafter's forward
+    eval_every: int = 100  # evaluate on held-out data every N steps (0 = only at the end)
+    eval_batches: int = 8  # held-out batches per evaluation
+    tree_width: int = 4  # top-w accuracy used for the simulated tree τ
+    save_every: int = 200  # checkpoint every N steps (0 = only at the end)
+    keep_checkpoints: int = 2  # newest checkpoints kept
+    log_every: int = 10  # metrics line every N steps
+    report_to: Literal["wandb", "tensorboard", "none"] = "wandb"  # experiment tracker (wandb offline by default)
+    resume: str = "auto"  # auto (newest checkpoint if any) | never | a checkpoint directory
+    num_workers: int = 0  # DataLoader workers
+
+
+class NonFiniteLoss(RuntimeError):
+    """The loss became NaN/inf; the run stops keeping the last good checkpoint."""
+
+
+# --- small pure functions ---------------------------------------------------------------
+
+
+def lr_factor(step: int, cfg: TrainConfig) -> float:
+    """Multiplier of the peak lr at optimizer step `step`: warmup, then cosine/linear/constant decay."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    if cfg.schedule == "constant":
+        return 1.0
+    frac = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps))
+    decay = 0.5 * (1 + math.cos(math.pi * frac)) if cfg.schedule == "cosine" else 1 - frac
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * decay
+
+
+def simulated_tau(acceptance: list[float]) -> float:
+    """Expected tokens per target pass for a chain whose depth-k token is accepted with prob acceptance[k-1]
+    given the earlier ones were: 1 (bonus) + sum_k prod_{j<=k} a_j. Position accuracies measured on the
+    drafter's own unrolled predictions stand in for those conditional rates (an estimate, not a decode)."""
+    tau, run = 1.0, 1.0
+    for a in acceptance:
+        run *= a
+        tau += run
+    return tau
+
+
+def checkpoints(run_dir: Path) -> list[Path]:
+    """Finished checkpoints, oldest first (temporary `.tmp` directories are never listed)."""
+    d = run_dir / "checkpoints"
+    if not d.is_dir():
+        return []
+    done = [p for p in d.iterdir() if p.is_dir() and p.name.startswith(CKPT_PREFIX) and p.name[len(CKPT_PREFIX):].isdigit()]
+    return sorted(done, key=lambda p: int(p.name[len(CKPT_PREFIX):]))
+
+
+# --- the loop ---------------------------------------------------------------------------
+
+
+class LossModule(nn.Module):
+    """Wraps a drafter so DDP/DeepSpeed see `forward(batch, step) -> (loss, metrics)` as the forward."""
+
+    def __init__(self, drafter: nn.Module) -> None:
+        super().__init__()
+        self.drafter = drafter
+
+    def forward(self, batch: dict[str, Any], step: int) -> tuple[torch.Tensor, dict[str, float]]:
+        return self.drafter.loss(batch, step)
+
+
+def make_accelerator(cfg: TrainConfig, run_dir: Path):
+    from accelerate import Accelerator, PartialState
+    from accelerate.utils import ProjectConfiguration
+
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true" and not torch.cuda.is_available():
+        PartialState(backend="gloo")  # DeepSpeed on CPU needs gloo before the Accelerator exists
+    log_with = None if cfg.report_to == "none" else cfg.report_to
+    if cfg.report_to == "wandb":
+        os.environ.setdefault("WANDB_MODE", "offline")  # never phone home unless the user asks
+        os.environ.setdefault("WANDB_DIR", str(run_dir))
+    return Accelerator(gradient_accumulation_steps=cfg.grad_accum, mixed_precision=cfg.mixed_precision,
+                       log_with=log_with, project_config=ProjectConfiguration(project_dir=str(run_dir),
+                                                                              logging_dir=str(run_dir / "logs")))
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    return batch
+
+
+@torch.no_grad()
+def evaluate(drafter: nn.Module, loader, featurize, device: torch.device, cfg: TrainConfig) -> dict[str, Any]:
+    """Held-out loss, top-1 / top-w accuracy per draft position, and the simulated chain and tree τ."""
+    was = drafter.training
+    drafter.eval()
+    losses, acc1, accw, n = [], None, None, 0
+    for i, batch in enumerate(loader):
+        if i >= cfg.eval_batches:
+            break
+        batch = featurize(to_device(batch, device))
+        loss, _ = drafter.loss(batch, 0)
+        losses.append(float(loss))
+        a1 = drafter.position_accuracy(batch)
+        aw = drafter.position_accuracy(batch, topk=cfg.tree_width)
+        acc1 = a1 if acc1 is None else [x + y for x, y in zip(acc1, a1)]
+        accw = aw if accw is None else [x + y for x, y in zip(accw, aw)]
+        n += 1
+    drafter.train(was)
+    if not n:
+        return {}
+    acc1, accw = [a / n for a in acc1], [a / n for a in accw]
+    return {"eval/loss": sum(losses) / n, "eval/acc_by_position": acc1, f"eval/top{cfg.tree_width}_by_position": accw,
+            "eval/sim_tau_chain": simulated_tau(acc1), "eval/sim_tau_tree": simulated_tau(accw)}
+
+
+def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, export_fn) -> Path:
+    """Run the recipe's optimisation; returns the export directory. `export_fn(drafter, dir)` writes the native format."""
+    from accelerate.utils import set_seed
+    from tqdm.auto import tqdm
+
+    from train.config import dump_config
+    from train.dataset import make_loader
+
+    cfg: TrainConfig = recipe.train
+    run_dir = Path(recipe.run_dir)
+    acc = make_accelerator(cfg, run_dir)
+    set_seed(recipe.seed)
+    main = acc.is_main_process
+    if main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        dump_config(recipe, run_dir / "config.yaml")
+
+    # 1. data, optimizer, schedule; accelerate shards batches across processes.
+    loader = make_loader(train_ds, cfg.batch_size, recipe.seed, shuffle=True, drop_last=True, num_workers=cfg.num_workers)
+    eval_loader = make_loader(eval_ds, cfg.batch_size, recipe.seed, shuffle=False) if len(eval_ds) else None
+    if len(loader) == 0:
+        raise ValueError(f"{len(train_ds)} training sequences make no full batch of {cfg.batch_size}: "
+                         "lower train.batch_size or add data")
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    if not params:
+        raise ValueError("the drafter has no trainable parameters")
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg))
+    model, opt, loader, sched = acc.prepare(LossModule(drafter), opt, loader, sched)
+    if acc.is_main_process and cfg.report_to != "none":
+        acc.init_trackers(recipe.name or "draftsmith", config={"recipe": str(recipe.name)})
+
+    # 2. resume: accelerate restores optimizer, scheduler, RNG and weights; skip the consumed batches.
+    step = 0
+    resume_from = None
+    if cfg.resume == "auto":
+        found = checkpoints(run_dir)
+        resume_from = found[-1] if found else None
+    elif cfg.resume != "never":
+        resume_from = Path(cfg.resume)
+        if not resume_from.is_dir():
+            raise FileNotFoundError(f"train.resume={cfg.resume}: no such checkpoint directory")
+    if resume_from is not None:
+        acc.load_state(str(resume_from))
+        step = int(resume_from.name[len(CKPT_PREFIX):]) if resume_from.name.startswith(CKPT_PREFIX) else 0
+        if main:
+            print(f"[train] resumed from {resume_from} at step {step}")
+
+    def save(at: int) -> None:
+        acc.wait_for_everyone()
+        final = run_dir / "checkpoints" / f"{CKPT_PREFIX}{at}"
+        tmp = final.with_name(final.name + ".tmp")
+        if main and tmp.exists():
+            shutil.rmtree(tmp)
+        acc.save_state(str(tmp))
+        acc.wait_for_everyone()
+        if main:
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            for old in checkpoints(run_dir)[: -cfg.keep_checkpoints]:
+                shutil.rmtree(old)
+        acc.wait_for_everyone()
+
+    # 3. the loop: micro-batches accumulate into optimizer steps.
+    log_path = run_dir / "metrics.jsonl"
+    micro_per_epoch = len(loader)
+    epoch, skip = divmod(step * cfg.grad_accum, micro_per_epoch)
+    bar = tqdm(total=cfg.steps, initial=step, disable=not main, desc="train", dynamic_ncols=True)
+    t0, tokens, window = time.perf_counter(), 0, []
+    model.train()
+    while step < cfg.steps:
+        if hasattr(loader, "set_epoch"):
+            loader.set_epoch(epoch)
+        batches = acc.skip_first_batches(loader, skip) if skip else loader
+        skip = 0
+        for batch in batches:
+            batch = featurize(to_device(batch, acc.device))
+            with acc.accumulate(model):
+                with acc.autocast():
+                    loss, metrics = model(batch, step)
+                bad = acc.reduce(torch.tensor(0.0 if torch.isfinite(loss) else 1.0, device=acc.device), "sum")
+                if float(bad) > 0:
+                    raise NonFiniteLoss(f"non-finite loss at step {step} (metrics {metrics}); the last good "
+                                        f"checkpoint is kept in {run_dir / 'checkpoints'} — lower train.lr or "
+                                        "check the data, then rerun with resume=auto")
+                acc.backward(loss)
+                if acc.sync_gradients and cfg.max_grad_norm > 0:
+                    acc.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
+                opt.step()
+                sched.step()
+                opt.zero_grad()
+            window.append(float(acc.reduce(loss.detach(), "mean")))
+            tokens += int(batch["loss_mask"].sum()) * acc.num_processes
+            if not acc.sync_gradients:
+                continue
+            # 4. bookkeeping once per optimizer step.
+            step += 1
+            bar.update(1)
+            if step % cfg.log_every == 0 or step == cfg.steps:
+                dt = time.perf_counter() - t0
+                row = {"step": step, "loss": sum(window) / len(window), "lr": sched.get_last_lr()[0],
+                       "tokens_per_s": tokens / dt if dt > 0 else 0.0, **{f"train/{k}": v for k, v in metrics.items()}}
+                bar.set_postfix(loss=f"{row['loss']:.4f}", tok_s=f"{row['tokens_per_s']:.0f}")
+                _log(acc, log_path, row, step, main)
+                window, tokens, t0 = [], 0, time.perf_counter()
+            if eval_loader is not None and cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
+                _log(acc, log_path, {"step": step, **evaluate(acc.unwrap_model(model).drafter, eval_loader, featurize,
+                                                               acc.device, cfg)}, step, main)
+            if cfg.save_every and step % cfg.save_every == 0 and step < cfg.steps:
+                save(step)
+            if step >= cfg.steps:
+                break
+        epoch += 1
+    bar.close()
+
+    # 5. final evaluation, checkpoint and native export.
+    final = {"step": step}
+    if eval_loader is not None:
+        final.update(evaluate(acc.unwrap_model(model).drafter, eval_loader, featurize, acc.device, cfg))
+        _log(acc, log_path, final, step, main)
+    save(step)
+    export_dir = run_dir / "export"
+    if main:
+        export_fn(acc.unwrap_model(model).drafter, export_dir)
+        (run_dir / "final_eval.json").write_text(json.dumps(final, indent=2))
+        print(f"[train] done: {step} steps; drafter exported to {export_dir}")
+        if "eval/sim_tau_chain" in final:
+            print(f"[train] held-out: loss {final['eval/loss']:.4f}, simulated tau chain "
+                  f"{final['eval/sim_tau_chain']:.2f}, tree {final['eval/sim_tau_tree']:.2f}")
+    acc.wait_for_everyone()
+    acc.end_training()
+    return export_dir
+
+
+def _log(acc, path: Path, row: dict[str, Any], step: int, main: bool) -> None:
+    if not main:
+        return
+    with path.open("a") as f:
+        f.write(json.dumps(row) + "\n")
+    scalars = {k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "step"}
+    if acc.trackers:
+        acc.log(scalars, step=step)
