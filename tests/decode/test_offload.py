@@ -54,6 +54,8 @@ def assert_streams(target: Target, layers: list[int]) -> None:
     for i in range(target.num_layers):
         devices = {p.device.type for p in target.layers[i].parameters()}
         assert devices == ({"meta"} if i in layers else {target.device.type}), f"layer {i}: {devices}"
+        hooked = any(hasattr(m, "_hf_hook") for m in target.layers[i].modules())
+        assert hooked == (i in layers), f"layer {i}: resident layers run without hooks, streamed ones with"
     assert target.lm_head.weight.device.type != "meta" and target.embed_tokens.weight.device.type != "meta"
 
 
