@@ -20,15 +20,6 @@ from tests.conftest import STORIES, tiny_model
 QWEN3_14B = Path(__file__).resolve().parents[1] / "data" / "qwen3-14b-config.json"
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models gain nothing from a second thread, and on a shared 2-core box spinning threads cost 10x."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 CASES = [("ar", "chain"), ("early-exit:2", "chain"), ("early-exit:2", "dynamic:topk=3,depth=4,nodes=12")]
 
 
