@@ -113,8 +113,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--cold", action="store_true", help="disk mode: evict the streamed files from the page cache "
                                                        "before every pass (true disk reads)")
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
     ap.add_argument("--out", required=True, help="json file to write")
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     target = load_target_from_args(args, args.resident_layers)
     files = streamed_files(target) if args.cold else []
     if args.cold and not files:
@@ -124,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
                               before_pass=before)
     placement = target.placement.summary() if target.placement is not None else {"mode": "none"}
     save_curve(args.out, curve, {"target": args.target, "dtype": args.dtype, "cold_page_cache": bool(files),
-                                 "placement": placement})
+                                 "threads": torch.get_num_threads(), "placement": placement})
     print(format_curve(curve))
     return 0
 

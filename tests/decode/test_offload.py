@@ -164,3 +164,20 @@ def test_pass_cost_curve(stories, tmp_path):
     (tmp_path / "x.json").write_text("{}")
     with pytest.raises(ValueError, match="not a pass-cost file"):
         load_curve(tmp_path / "x.json")
+
+
+def test_costmodel_and_estimate_clis(tmp_path, capsys):
+    from decode import costmodel, offload
+
+    costmodel.main(["--target", str(STORIES), "--offload", "disk", "--offload-dir", str(tmp_path / "off"),
+                    "--resident-layers", "2", "--tokens", "1,4", "--repeats", "1", "--out", str(tmp_path / "c.json")])
+    doc = json.loads((tmp_path / "c.json").read_text())
+    assert doc["placement"]["streamed_layers"] == [2, 3, 4] and sorted(load_curve(tmp_path / "c.json")) == [1, 4]
+    capsys.readouterr()
+    offload.main(["--config", str(QWEN3_14B), "--offload", "disk", "--max-memory", "8GiB", "--resident-layers", "4",
+                  "--bandwidth", "1GB"])
+    out = capsys.readouterr().out
+    assert "8 of 40 resident, 32 streamed" in out and "| 1GB/s | 21.1 s (estimate) |" in out
+    assert offload.main(["--config", str(QWEN3_14B), "--offload", "disk", "--max-memory", "2GiB",
+                         "--resident-layers", "4"]) == 2
+    assert "at least 5.36 GiB" in capsys.readouterr().err
