@@ -99,7 +99,7 @@ def main() -> int:
                     help="shapes to run (repeatable; default chain and dynamic:topk=8,depth=6,nodes=60)")
     ap.add_argument("--drafter", action="append", default=[], help="extra drafter SPECs (e.g. trained checkpoints)")
     ap.add_argument("--tokens", default="1,8,32,64")
-    ap.add_argument("--repeats", type=int, default=5, help="timed passes per point of the cost curve (median)")
+    ap.add_argument("--repeats", type=int, default=11, help="timed passes per point of the cost curve (median)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: tiny model, shared cores)")
     ap.add_argument("--wide-hidden", type=int, default=1024, help="width of the random model for section 3 (0: skip)")
     ap.add_argument("--out", default=str(REPO / "runs/bench_streamed"))
