@@ -11,7 +11,7 @@
    overhead, not bytes. A random wider model (--wide-hidden) measures the bytes/s accelerate's disk
    path achieves here (cold page cache), the figure to plug into the Qwen3-14B estimate.
 
-    python scripts/bench_streamed.py [--drafter SPEC ...] [--num-prompts 8] [--max-new-tokens 64]
+    python scripts/bench_streamed.py [--drafter SPEC ...] [--num-prompts 8] [--max-new-tokens 64] [--runs 3]
 """
 
 from __future__ import annotations
@@ -100,6 +100,7 @@ def main() -> int:
     ap.add_argument("--drafter", action="append", default=[], help="extra drafter SPECs (e.g. trained checkpoints)")
     ap.add_argument("--tokens", default="1,8,32,64")
     ap.add_argument("--repeats", type=int, default=11, help="timed passes per point of the cost curve (median)")
+    ap.add_argument("--runs", type=int, default=3, help="decoding runs per config (round-robin; fastest kept)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: tiny model, shared cores)")
     ap.add_argument("--wide-hidden", type=int, default=1024, help="width of the random model for section 3 (0: skip)")
     ap.add_argument("--out", default=str(REPO / "runs/bench_streamed"))
@@ -148,14 +149,19 @@ def main() -> int:
     lines = [ln.strip() for ln in Path(args.prompts).read_text().splitlines() if ln.strip()][: args.num_prompts]
     prompts = [encode_prompt(target, ln) for ln in lines]
     run_all(target, "ar", "chain", 1, prompts[:1], 8)  # warm-up (lazy inits, page cache)
-    ar_out, ar = run_all(target, "ar", "chain", 1, prompts, args.max_new_tokens)
+    configs = [("ar", "chain")] + [(spec, tree) for spec in specs[1:] for tree in trees]
+    best: dict[tuple[str, str], tuple[list, GenStats]] = {}
+    for _ in range(args.runs):  # round-robin, keep each config's fastest run: load spikes hit all alike
+        for spec, tree in configs:
+            outs, s = run_all(target, spec, tree, 1 if spec == "ar" else args.draft_len, prompts, args.max_new_tokens)
+            if (spec, tree) not in best or s.wall_s < best[spec, tree][1].wall_s:
+                best[spec, tree] = (outs, s)
+    ar_out, ar = best["ar", "chain"]
     ar_ms = per_round_ms(ar)
-    rows = [("ar", "-", ar, True)]
-    for spec in specs[1:]:
-        for tree in trees:
-            outs, s = run_all(target, spec, tree, args.draft_len, prompts, args.max_new_tokens)
-            rows.append((spec, tree, s, outs == ar_out))
-    print(f"\n## 2. disk-streamed target, {len(prompts)} prompts x {args.max_new_tokens} new tokens, greedy\n")
+    rows = [(spec, "-" if spec == "ar" else tree, best[spec, tree][1], best[spec, tree][0] == ar_out)
+            for spec, tree in configs]
+    print(f"\n## 2. disk-streamed target, {len(prompts)} prompts x {args.max_new_tokens} new tokens, greedy, "
+          f"fastest of {args.runs} round-robin runs\n")
     print("| drafter | tree | tau | tok/s | speedup | speedup/tau | round / AR pass | draft ms/round "
           "| verify ms/round | other ms/round | matches AR |\n|---|---|---|---|---|---|---|---|---|---|---|")
     results = []
