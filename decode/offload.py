@@ -241,10 +241,14 @@ def load_target(name_or_path: str | os.PathLike, dtype: str = "float32", attn: s
                                "(hook cost only, no copy)")
     if offload.mode == "disk":
         files = streamed_files(target)
-        own = [f for f in files if not Path(f).resolve().is_relative_to(Path(placement.offload_dir).resolve())]
+        folder = Path(placement.offload_dir)
+        own = [f for f in files if not Path(f).resolve().is_relative_to(folder.resolve())]
         placement.notes.append(f"disk: streamed from {len(files)} file(s)" + (
             ", the checkpoint's own safetensors (accelerate maps them in place, no copy)" if own else
             " re-saved in --offload-dir"))
+        if offload.offload_dir is None and not any(folder.iterdir()):
+            folder.rmdir()  # our temp folder, unused: nothing needed re-saving
+            placement.offload_dir = None
     target.placement = placement
     return target
 
