@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from decode.metrics import GenStats
+from decode.offload import add_offload_args, load_target_from_args
 from decode.policies import FixedPolicy, Policy, capped, make_policy
 from decode.protocol import Budget, Drafter, TargetStep, layer_reuse
 from decode.sampling import Rng, SamplingConfig, TorchRng, probs_from_logits
@@ -151,10 +152,11 @@ def add_decode_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--attn", default="sdpa", help="attention implementation: sdpa | eager")
+    add_offload_args(ap)  # --offload/--max-memory/--offload-dir/--device: load with decode.offload.load_target_from_args
 
 
 def main(argv: list[str] | None = None) -> int:
-    from drafters.registry import make_drafter
+    from drafters.registry import make_drafter, resident_layers
 
     ap = argparse.ArgumentParser(prog="python -m decode.generate", description=__doc__.splitlines()[0])
     add_decode_args(ap)
@@ -162,7 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt", required=True)
     args = ap.parse_args(argv)
     torch.manual_seed(args.seed)
-    target = Target.load(args.target, dtype=args.dtype, attn=args.attn)
+    target = load_target_from_args(args, resident_layers([args.drafter]))
+    if target.placement is not None:
+        print(target.placement.describe(), file=sys.stderr)
     drafter = make_drafter(args.drafter, target)
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
     shape = parse_shape(args.tree, args.draft_len)

@@ -111,8 +111,13 @@ def resolve_model_path(name_or_path: str | os.PathLike) -> str:
 
 
 def load_model(name_or_path: str | os.PathLike, dtype: str = "float32", attn: str = "sdpa",
-               device: str = "cpu") -> nn.Module:
-    """Load an HF causal LM (trust_remote_code off) with a clear error when it cannot be found."""
+               device: str = "cpu", device_map: dict[str, str] | None = None,
+               offload_folder: str | None = None) -> nn.Module:
+    """Load an HF causal LM (trust_remote_code off) with a clear error when it cannot be found.
+
+    With `device_map` (see decode.offload) accelerate places each module and attaches the hooks
+    that stream offloaded layers; `device` is then ignored (the map says where everything goes).
+    """
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
@@ -120,14 +125,17 @@ def load_model(name_or_path: str | os.PathLike, dtype: str = "float32", attn: st
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r} not one of {sorted(DTYPES)}")
     path = resolve_model_path(name_or_path)
+    placed = {} if device_map is None else dict(device_map=device_map, offload_folder=offload_folder)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation=attn,
-                                                     trust_remote_code=False)
+                                                     trust_remote_code=False, **placed)
     except OSError as e:
         offline = os.environ.get("HF_HUB_OFFLINE") == "1"
         hint = " (HF_HUB_OFFLINE=1: download it first or pass a local directory)" if offline else ""
         raise FileNotFoundError(f"cannot load model {str(name_or_path)!r}{hint}: {e}") from e
-    return model.to(device).eval().requires_grad_(False)
+    if device_map is None:
+        model = model.to(device)
+    return model.eval().requires_grad_(False)
 
 
 def load_tokenizer(name_or_path: str | os.PathLike):
@@ -156,11 +164,15 @@ class Target:
         self.max_positions = int(getattr(self.config, "max_position_embeddings", 1 << 30))
         eos = getattr(model.generation_config, "eos_token_id", None) or self.config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        self.placement = None  # a decode.offload.Placement when loaded with streamed (offloaded) layers
 
     @classmethod
     def load(cls, name_or_path: str | os.PathLike, dtype: str = "float32", attn: str = "sdpa",
-             device: str = "cpu") -> Target:
-        model = load_model(name_or_path, dtype=dtype, attn=attn, device=device)
+             device: str = "cpu", device_map: dict[str, str] | None = None,
+             offload_folder: str | None = None) -> Target:
+        """`device_map`/`offload_folder`: accelerate placement (decode.offload.load_target builds them)."""
+        model = load_model(name_or_path, dtype=dtype, attn=attn, device=device, device_map=device_map,
+                           offload_folder=offload_folder)
         try:
             tok = load_tokenizer(name_or_path)
         except (OSError, ValueError):

@@ -80,6 +80,27 @@ FACTORIES: dict[str, Callable[[Target, str, str], Drafter]] = {
 DIR_LOADERS: list[Callable[[Target, Path], Drafter | None]] = []
 
 
+# Target layers a drafter runs itself, read from its SPEC before the target is loaded, so a streamed
+# target keeps layers [0, K) resident (decode.offload): name -> fn(text after ':', whole spec) -> K.
+# Checkpoint kinds that run target layers (LayerSkip) add a DIR_RESIDENT reader (None = not theirs).
+RESIDENT: dict[str, Callable[[str, str], int]] = {
+    "early-exit": lambda arg, spec: _ints(arg, spec)[0] if arg else 0,
+}
+DIR_RESIDENT: list[Callable[[Path], int | None]] = []
+
+
+def resident_layers(specs: list[str]) -> int:
+    """How many first target layers the drafters run (max over SPECs): keep them resident when streaming."""
+    ks = [0]
+    for spec in specs:
+        name, _, arg = spec.partition(":")
+        if name in RESIDENT:
+            ks.append(RESIDENT[name](arg, spec))
+        elif Path(spec).is_dir():
+            ks.extend(k for k in (reader(Path(spec)) for reader in DIR_RESIDENT) if k is not None)
+    return max(ks)
+
+
 def make_drafter(spec: str, target: Target) -> Drafter:
     """Build the drafter a SPEC string names, for this target."""
     name, _, arg = spec.partition(":")
