@@ -33,6 +33,7 @@ import argparse
 import dataclasses
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -303,7 +304,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. features.dtype=fp32")
     args = ap.parse_args(argv)
     recipe = load_recipe(args.recipe, args.overrides)
-    state = PartialState()
+    # PartialState only forms CPU ranks when told to run on the CPU (as Accelerator does from this variable).
+    cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes") or not torch.cuda.is_available()
+    state = PartialState(cpu=cpu)
     dist = Dist(state.process_index, state.num_processes, state.wait_for_everyone)
     torch.manual_seed(recipe.seed)
     if recipe.features.mode == "online":

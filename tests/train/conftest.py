@@ -3,6 +3,7 @@ block, byte-level BPE trained on the bundled MT-bench questions) and a tiny rand
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -53,3 +54,29 @@ def chat_target_dir(tmp_path_factory, chatml):
     Qwen3ForCausalLM(cfg).save_pretrained(d)
     chatml.save_pretrained(d)
     return d
+
+
+@contextlib.contextmanager
+def single_thread():
+    """These tests run many tiny ops: with 2 threads on a busy 2-core machine OpenMP's spin-waiting made
+    them ~30x slower (measured: extraction 35 s vs 1 s), so they run single-threaded."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    with single_thread():
+        yield
+
+
+@pytest.fixture(scope="session")
+def threads1():
+    """`single_thread` for session-scoped fixtures (set up before the autouse one applies)."""
+    return single_thread
