@@ -70,7 +70,10 @@ def write_shard(path: Path, seqs: list[dict[str, Tensor]], meta: dict[str, Any],
 
 
 def shard_meta(path: Path) -> dict[str, Any]:
-    """A shard's metadata (reads only the header); an unreadable file is a CacheError naming it."""
+    """A shard's metadata (reads only the header); a missing or unreadable file is a CacheError naming it."""
+    if not path.exists():
+        raise CacheError(f"feature shard {path} listed in {INDEX} is missing; delete {path.parent / INDEX} and rerun "
+                         "`python -m train.features RECIPE.yaml` to extract the missing shards")
     try:
         with safe_open(str(path), framework="pt") as f:
             return json.loads((f.metadata() or {})["draftsmith"])

@@ -17,6 +17,7 @@ import dataclasses
 import difflib
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union
@@ -45,7 +46,7 @@ class Recipe:
     train: dict[str, Any] = field(default_factory=dict)  # optimisation settings (typed by the training issue)
 
 
-def load_recipe(path: str | Path, overrides: list[str] = ()) -> Recipe:
+def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> Recipe:
     """Load a recipe YAML (+ overrides) and fill its path defaults from the file stem."""
     path = Path(path)
     r = load_config(Recipe, path, list(overrides))
@@ -57,7 +58,7 @@ def load_recipe(path: str | Path, overrides: list[str] = ()) -> Recipe:
     return dataclasses.replace(r, name=name, run_dir=run_dir, data=data, features=feats)
 
 
-def load_config(cls: type, yaml_path: str | Path | None, overrides: list[str] = ()):
+def load_config(cls: type, yaml_path: str | Path | None, overrides: Sequence[str] = ()) -> Any:
     """Build dataclass `cls` from a YAML mapping and dotted `a.b=value` overrides (values parsed as YAML)."""
     where = str(yaml_path) if yaml_path is not None else "<defaults>"
     raw: dict[str, Any] = {}

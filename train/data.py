@@ -212,7 +212,3 @@ def load_records(cfg: DataConfig) -> datasets.Dataset:
         ds = ds.select(range(min(cfg.max_records, len(ds))))
     return ds
 
-
-def needs_responses(ds: datasets.Dataset) -> int:
-    """How many chat records have no assistant turn (they need regeneration)."""
-    return sum(1 for msgs in ds["messages"] if not any(m["role"] == "assistant" for m in msgs))

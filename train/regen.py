@@ -6,8 +6,9 @@ shard s goes to rank s % world_size, is sampled under its own seed (seed, s), wr
 name and renamed, so an interrupted run resumes by skipping finished shards and reproduces the same
 samples. `_regen.json` records what the shards were made from; a mismatch is an error.
 
-Per job, every assistant turn is (re)generated in order, each conditioned on the target's own
-earlier turns:
+Per job, the source's assistant turns are dropped and every user turn gets a reply, in order, each
+conditioned on the target's own earlier replies (a prompt or text record is one user turn; a job
+from the start token gets one reply to nothing):
   - target with a chat template: context = template(history, generation prompt); the decoded reply
     (up to its stop token) becomes the assistant content. Output record: {"messages": [...]};
   - without one (plain rule of train/tokens.py): context ids grow turn by turn; the generated ids
@@ -40,9 +41,9 @@ def plan_jobs(records: datasets.Dataset | None, cfg: RegenConfig) -> list[tuple[
             raise ValueError("data.regenerate: no data.source and num_samples is 0: set num_samples (sequences to "
                              "sample from the start token) or give a prompt file in data.source")
         return [(-1, s) for s in range(cfg.num_samples)]
-    bad = [r["origin"] for r in records.select(range(min(len(records), 1000))) if r["kind"] == "tokens"]
-    if bad:
-        raise ValueError(f"{bad[0]}: pre-tokenized records cannot be regenerated; drop data.regenerate or the tokens source")
+    if "tokens" in records["kind"]:
+        origin = records[records["kind"].index("tokens")]["origin"]
+        raise ValueError(f"{origin}: pre-tokenized records cannot be regenerated; drop data.regenerate or that source")
     jobs = [(i, s) for i in range(len(records)) for s in range(cfg.samples_per_prompt)]
     return jobs[: cfg.num_samples] if cfg.num_samples else jobs
 
@@ -147,7 +148,7 @@ def regenerate(target: Target, records: datasets.Dataset | None, cfg: RegenConfi
     settings = {k: v for k, v in vars(cfg).items() if k not in ("out_dir", "batch_size")}
     manifest = {"target": target_identity(target), "settings": settings, "seed": seed, "stop_ids": stop,
                 "use_template": use_template, "enable_thinking": enable_thinking, "jobs": len(jobs),
-                "records": digest([records[i] for i in range(len(records))]) if records is not None else None}
+                "records": digest(records.to_list()) if records is not None else None}
     if rank == 0:
         check_manifest(out, manifest)
     barrier()

@@ -166,18 +166,22 @@ def free_port() -> int:
 
 
 def test_two_cpu_ranks_equal_one_process(built, work):
-    """DESIGN §7: two real CPU ranks via accelerate launch --multi_gpu with ACCELERATE_USE_CPU (gloo)."""
+    """DESIGN §7: two real CPU ranks via accelerate launch --multi_gpu with ACCELERATE_USE_CPU (gloo).
+    Both stages are split across the ranks: regeneration (fresh directory) and extraction."""
     r, cache = built
-    out = work / "two"
+    out, regen_two = work / "two", work / "regen_two"
     env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO),
            "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
            "--main_process_port", str(free_port()), "-m", "train.features", str(r_path(r)), *overrides_of(r),
-           f"features.cache_dir={out}"]
+           f"features.cache_dir={out}", f"data.regenerate.out_dir={regen_two}"]
     res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "on 2 process(es)" in res.stdout, res.stdout[-2000:]
+    regen_one = Path(r.data.regenerate.out_dir)
+    for p in sorted(regen_one.glob("shard_*.jsonl")):
+        assert (regen_two / p.name).read_text() == p.read_text()  # shard s is seeded by s, whichever rank ran it
     two = FeatureCache.open(out, cache.index["fingerprint"])
     assert [(s["file"], s["tokens"]) for s in two.index["shards"]] == [(s["file"], s["tokens"]) for s in cache.index["shards"]]
     for name in (s["file"] for s in cache.index["shards"]):
