@@ -158,6 +158,7 @@ def training_data(recipe: Recipe, target: Target, split: str = "train", dist: Di
     offline: the cache must exist and match the fingerprint recomputed from this recipe and target
     (a mismatch is an error that says how to rebuild); featurize is the identity.
     online: the token sequences; featurize runs the frozen target (OnlineFeatures) on each batch.
+    Call it with the target as loaded (before any peft wrapping): the fingerprint hashes its weights.
     """
     from train.features import Dist, OnlineFeatures, fingerprint, prepare_data
 

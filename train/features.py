@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -48,7 +49,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from decode.target import DTYPES, Target
-from train.cache import FeatureCache, check_existing, shard_name, write_index, write_shard
+from train.cache import CacheError, FeatureCache, check_existing, shard_name, write_index, write_shard
 from train.data import load_records
 from train.identity import digest, target_identity
 from train.regen import regenerate
@@ -184,8 +185,7 @@ def _rank0_first(dist: Dist, fn: Callable[[], Any]) -> Any:
 
 
 def data_digest(*parts: datasets.Dataset) -> str:
-    import hashlib
-
+    """sha256 of every sequence's ids and loss mask, in order (what the cache's rows were computed from)."""
     h = hashlib.sha256()
     for ds in parts:
         for ids, mask in zip(ds["input_ids"], ds["loss_mask"]):
@@ -252,6 +252,9 @@ def extract(recipe: Recipe, target: Target | None = None, dist: Dist | None = No
             stray.unlink()
         check_existing(cache_dir, fp)
         finished_before = {p.name for p in cache_dir.glob("shard_*.safetensors")}
+        from train.config import dump_config
+
+        dump_config(recipe, cache_dir / "recipe.yaml")  # the resolved recipe, for humans
     dist.barrier()
     if check_existing(cache_dir, fp):
         if dist.rank == 0:
@@ -295,15 +298,22 @@ def extract(recipe: Recipe, target: Target | None = None, dist: Dist | None = No
 
 
 def main(argv: list[str] | None = None) -> int:
-    from accelerate import PartialState
-
     from train.config import load_recipe
 
     ap = argparse.ArgumentParser(prog="python -m train.features", description=__doc__.splitlines()[0])
     ap.add_argument("recipe", help="recipe YAML")
     ap.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. features.dtype=fp32")
     args = ap.parse_args(argv)
-    recipe = load_recipe(args.recipe, args.overrides)
+    try:
+        return run(load_recipe(args.recipe, args.overrides))
+    except (ValueError, FileNotFoundError, CacheError) as e:  # bad input: the message says what to do
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+def run(recipe: Recipe) -> int:
+    from accelerate import PartialState
+
     # PartialState only forms CPU ranks when told to run on the CPU (as Accelerator does from this variable).
     cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes") or not torch.cuda.is_available()
     state = PartialState(cpu=cpu)

@@ -48,13 +48,24 @@ def plan_jobs(records: datasets.Dataset | None, cfg: RegenConfig) -> list[tuple[
     return jobs[: cfg.num_samples] if cfg.num_samples else jobs
 
 
-def turns_of(rec: dict | None) -> list[dict]:
-    """The messages to replay: assistant turns dropped (they are regenerated after each user turn)."""
+def reply_chunks(rec: dict | None) -> list[list[dict]]:
+    """The messages to append before each reply: assistant turns dropped, a reply after every user turn.
+
+    A text or prompt record is one user turn; a job from the start token (rec None) is one reply to nothing.
+    """
     if rec is None:
-        return []
-    if rec["kind"] == "text":
-        return [{"role": "user", "content": rec["text"]}]
-    return [m for m in rec["messages"] if m["role"] != "assistant"]
+        return [[]]
+    msgs = [{"role": "user", "content": rec["text"]}] if rec["kind"] == "text" else rec["messages"]
+    chunks, cur = [], []
+    for m in msgs:
+        if m["role"] != "assistant":
+            cur.append(m)
+        if m["role"] == "user":
+            chunks.append(cur)
+            cur = []
+    if not chunks:
+        raise ValueError(f"{rec['origin']}: no user turn to answer")
+    return chunks
 
 
 def start_prefix(tok) -> list[int]:
@@ -94,28 +105,24 @@ def generate_shard(target: Target, recs: list[dict | None], cfg: RegenConfig, st
     """Answer every assistant slot of these jobs, turn by turn, in batches sorted by context length."""
     tok = target.tokenizer
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else stop[0]
-    turns = [turns_of(r) for r in recs]
+    chunks = [reply_chunks(r) for r in recs]
     msgs: list[list[dict]] = [[] for _ in recs]
     ids = [start_prefix(tok) for _ in recs]  # plain rule: the running token sequence
     mask = [[0] * len(x) for x in ids]
+    if use_template and any(r is None for r in recs):
+        raise ValueError("a chat-template target cannot start from the start token alone: give prompts in "
+                         "data.source, or set data.chat_template=false")
     if not use_template and not ids[0]:
         raise ValueError("the tokenizer adds no BOS and has none: regeneration without a chat template needs a start token")
-    rounds = max(1, max(sum(m["role"] == "user" for m in t) for t in turns))
-    for r in range(rounds):
-        todo = []  # jobs that get an assistant reply in this round
-        for j, t in enumerate(turns):
-            users = [k for k, m in enumerate(t) if m["role"] == "user"]
-            if r >= max(1, len(users)):
-                continue
-            upto = users[r] + 1 if users else 0
-            take = t[(users[r - 1] + 1) if r and users else 0: upto]
-            msgs[j] += take
+    for r in range(max(map(len, chunks))):
+        todo = [j for j, c in enumerate(chunks) if r < len(c)]  # jobs that get their r-th reply now
+        for j in todo:
+            msgs[j] += chunks[j][r]
             if not use_template:
-                for m in take:
+                for m in chunks[j][r]:
                     piece = list(tok(m["content"], add_special_tokens=False)["input_ids"])
                     ids[j] += piece
                     mask[j] += [0] * len(piece)
-            todo.append(j)
         contexts = {j: (list(tok(render(tok, msgs[j], True, tpl), add_special_tokens=False)["input_ids"])
                         if use_template else ids[j]) for j in todo}
         order = sorted(todo, key=lambda j: len(contexts[j]))

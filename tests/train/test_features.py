@@ -189,3 +189,13 @@ def test_two_cpu_ranks_equal_one_process(built, work):
         assert sorted(a) == sorted(b)
         for k in a:
             torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=1e-6)
+
+
+def test_cli_reports_bad_input_and_online_mode(built, capsys):
+    r, _ = built
+    assert features.main([str(r_path(r)), *overrides_of(r), "data.max_lenght=3"]) == 1
+    assert "did you mean 'data.max_length'" in capsys.readouterr().err
+    assert features.main([str(r_path(r)), *overrides_of(r), "features.mode=online"]) == 0
+    assert "nothing to extract" in capsys.readouterr().err
+    assert features.main([str(r_path(r)), *overrides_of(r)]) == 0  # the cache of `built`: already complete
+    assert "is up to date" in capsys.readouterr().out
