@@ -244,6 +244,37 @@ class Target:
         h, hid = self.run_layers(self.embed(ids), 0, self.num_layers, cache, positions, mask, tuple(hidden_ids))
         return ForwardOut(self.head(h)[0] if logits else None, hid, h[0])
 
+    def forward_batch(self, ids: Tensor, attention_mask: Tensor, hidden_ids: tuple[int, ...] = (),
+                      position_ids: Tensor | None = None) -> tuple[Tensor, dict[int, Tensor]]:
+        """No-cache pass over a padded or packed batch: ids [B, T], attention_mask [B, T].
+
+        attention_mask: 0 = padding, k > 0 = the k-th sequence packed into the row (plain padding: 1);
+        a token attends to earlier tokens with the same nonzero value (left or right padding both work).
+        position_ids [B, T] default to the index within each sequence. Returns the pre-norm output of
+        the last layer [B, T, D] and {id: [B, T, D]} at `hidden_ids`; padded positions hold garbage.
+        """
+        self.check_hidden_ids(hidden_ids)
+        ids, seg = ids.to(self.device), attention_mask.to(self.device)
+        b, t = ids.shape
+        ar = torch.arange(t, device=self.device).expand(b, t)
+        if position_ids is None:  # restart counting where the segment value changes
+            new = torch.ones_like(seg, dtype=torch.bool)
+            new[:, 1:] = seg[:, 1:] != seg[:, :-1]
+            position_ids = ar - torch.cummax(torch.where(new, ar, 0), dim=1).values
+        pos = position_ids.to(self.device)
+        allowed = (ar[:, None, :] <= ar[:, :, None]) & (seg[:, None, :] == seg[:, :, None]) & (seg[:, None, :] > 0)
+        allowed |= torch.eye(t, dtype=torch.bool, device=self.device)  # no fully masked row (padding)
+        mask = torch.zeros(b, 1, t, t, dtype=self.dtype, device=self.device)
+        mask.masked_fill_(~allowed[:, None], torch.finfo(self.dtype).min)  # additive float [B, 1, T, T]
+        h = self.embed_tokens(ids)  # [B, T, D]
+        rope = self.rotary_emb(h, pos)
+        captured = {0: h} if 0 in hidden_ids else {}
+        for i, layer in enumerate(self.layers):
+            h = layer(h, attention_mask=mask, position_ids=pos, cache=None, use_cache=False, position_embeddings=rope)
+            if i + 1 in hidden_ids:
+                captured[i + 1] = self.norm(h) if i + 1 == self.num_layers else h
+        return h, captured
+
     def prefill(self, prompt_ids: Tensor, cache: KVCache, hidden_ids: tuple[int, ...] = ()) -> ForwardOut:
         return self.forward(prompt_ids, cache, hidden_ids=hidden_ids)
 

@@ -1,0 +1,99 @@
+"""Recipe config loading: defaults, dotted overrides, unknown keys with suggestions, type errors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from train.config import ConfigError, Recipe, load_config, load_recipe
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Inner:
+    """A nested test config."""
+
+    x: int = 1  # a number
+    names: list[str] = field(default_factory=list)  # names
+
+
+@dataclass
+class Outer:
+    """A test config tree (load_config is generic)."""
+
+    inner: Inner = field(default_factory=Inner)  # nested
+    flag: bool = False  # a switch
+    opt: int | None = None  # optional
+
+
+def write(tmp_path: Path, text: str, name: str = "my_recipe.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def test_defaults_and_path_defaults(tmp_path):
+    r = load_recipe(write(tmp_path, "target: some/model\n"))
+    assert isinstance(r, Recipe) and r.target == "some/model"
+    assert r.name == "my_recipe" and r.run_dir == "runs/my_recipe"
+    assert r.features.cache_dir == "runs/my_recipe/features"
+    assert r.data.regenerate.out_dir == "runs/my_recipe/regen"
+    assert r.drafter == {} and r.train == {}
+
+
+def test_overrides_nested_lists_and_free_dicts(tmp_path):
+    p = write(tmp_path, "target: m\ndata:\n  max_length: 64\nfeatures:\n  hidden_ids: [1]\n")
+    r = load_recipe(p, ["data.max_length=128", "features.hidden_ids=[2, 3]", "data.held_out=0",
+                        "drafter.kind=eagle3", "drafter.heads.n=4", "run_dir=/tmp/x", "data.source=a.jsonl"])
+    assert r.data.max_length == 128 and r.features.hidden_ids == [2, 3]
+    assert r.data.held_out == 0.0 and isinstance(r.data.held_out, float)  # int -> float
+    assert r.drafter == {"kind": "eagle3", "heads": {"n": 4}}
+    assert r.run_dir == "/tmp/x" and r.features.cache_dir == "/tmp/x/features"
+    assert r.data.sources == ["a.jsonl"]
+
+
+def test_unknown_keys_suggest_the_nearest(tmp_path):
+    with pytest.raises(ConfigError, match=r"unknown key 'data.max_lenght'; did you mean 'data.max_length'\?"):
+        load_recipe(write(tmp_path, "target: m\ndata:\n  max_lenght: 3\n"))
+    with pytest.raises(ConfigError, match=r"override 'features.hiden_ids=\[1\]'.*did you mean 'features.hidden_ids'"):
+        load_recipe(write(tmp_path, "target: m\n"), ["features.hiden_ids=[1]"])
+    with pytest.raises(ConfigError, match="did you mean 'target'"):
+        load_recipe(write(tmp_path, "targt: m\n"))
+
+
+def test_type_and_value_errors(tmp_path):
+    p = write(tmp_path, "target: m\n")
+    with pytest.raises(ConfigError, match="'data.max_length' should be int, got 'long'"):
+        load_recipe(p, ["data.max_length=long"])
+    with pytest.raises(ConfigError, match=r"'features.mode' must be one of \['offline', 'online'\]"):
+        load_recipe(p, ["features.mode=sometimes"])
+    with pytest.raises(ConfigError, match=r"features.hidden_ids\[1\]' should be int"):
+        load_recipe(p, ["features.hidden_ids=[1, x]"])
+    with pytest.raises(ConfigError, match="held_out must be in"):
+        load_recipe(p, ["data.held_out=1.5"])
+    with pytest.raises(ConfigError, match="must look like key=value"):
+        load_recipe(p, ["data.max_length"])
+    with pytest.raises(ConfigError, match="missing required key 'target'"):
+        load_recipe(write(tmp_path, "seed: 1\n"))
+    with pytest.raises(ConfigError, match="top level must be a mapping"):
+        load_recipe(write(tmp_path, "- a\n- b\n"))
+    with pytest.raises(ConfigError, match="not found"):
+        load_recipe(tmp_path / "nope.yaml")
+
+
+def test_generic_loader_on_any_dataclass():
+    c = load_config(Outer, None, ["inner.x=5", "flag=true", "inner.names=[a, b]", "opt=null"])
+    assert c == Outer(Inner(5, ["a", "b"]), True, None)
+    with pytest.raises(ConfigError, match="'flag' should be bool"):
+        load_config(Outer, None, ["flag=3"])
+
+
+def test_every_recipe_in_the_repo_loads():
+    for p in sorted((REPO / "recipes").rglob("*.yaml")):
+        if "accelerate" in p.parts:
+            continue  # accelerate's own config files, not recipes
+        r = load_recipe(p)
+        assert r.target

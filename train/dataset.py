@@ -1,0 +1,176 @@
+"""Loading for training: per-sequence datasets, packing, the collator, seeded loaders.
+
+Items are per-sequence dicts — input_ids [T] long, loss_mask [T] bool, and (offline) hidden {id: [T, D]},
+topk_ids/topk_probs [T, k]. `collate` turns a list of them into the batch contract documented in
+train/features.py (right padding with zeros). Packing concatenates whole sequences into rows of at
+most `pack_length` tokens; the row's attention_mask numbers its sequences 1, 2, ... so attention and
+positions stay per sequence, and loss_mask[0] = False of every sequence keeps predictions from
+crossing a boundary.
+
+`training_data(recipe, target, split)` is what the training loop calls: the cached features
+(offline, fingerprint checked) or the token sequences plus an `OnlineFeatures` step function (online).
+Either way `featurize(batch)` after moving the batch to the device yields the same dict.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import datasets
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset
+
+from train.cache import FeatureCache
+
+if TYPE_CHECKING:
+    from decode.target import Target
+    from train.config import Recipe
+    from train.features import Dist
+
+
+class TokenDataset(Dataset):
+    """Token sequences ({input_ids, loss_mask} rows of a `datasets.Dataset`) as tensors."""
+
+    def __init__(self, rows: datasets.Dataset) -> None:
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> dict[str, Tensor]:
+        r = self.rows[int(i)]
+        return {"input_ids": torch.tensor(r["input_ids"], dtype=torch.long),
+                "loss_mask": torch.tensor(r["loss_mask"], dtype=torch.bool)}
+
+    def lengths(self) -> list[int]:
+        return [len(x) for x in self.rows["input_ids"]]
+
+
+class CachedFeatures(Dataset):
+    """One split of a feature cache: sequences [0, n_train) are train, the rest eval."""
+
+    def __init__(self, cache: FeatureCache, split: str) -> None:
+        if split not in ("train", "eval"):
+            raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+        n_train = cache.index["n_train"]
+        self.cache = cache
+        self.start, self.stop = (0, n_train) if split == "train" else (n_train, cache.index["num_sequences"])
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        return self.cache.sequence(self.start + int(i))
+
+    def lengths(self) -> list[int]:
+        return self.cache.lengths()[self.start: self.stop]
+
+
+def pack_groups(lengths: list[int], pack_length: int, seed: int) -> list[list[int]]:
+    """Greedy packing in a seeded order: consecutive sequences fill a row until the next would not fit."""
+    if max(lengths, default=0) > pack_length:
+        raise ValueError(f"a sequence of {max(lengths)} tokens does not fit pack_length {pack_length}; "
+                         "set pack_length >= data.max_length")
+    order = list(range(len(lengths)))
+    random.Random(seed).shuffle(order)
+    groups, cur, used = [], [], 0
+    for i in order:
+        if cur and used + lengths[i] > pack_length:
+            groups.append(cur)
+            cur, used = [], 0
+        cur.append(i)
+        used += lengths[i]
+    if cur:
+        groups.append(cur)
+    return groups
+
+
+class Packed(Dataset):
+    """Rows of several whole sequences (see pack_groups); item `segments` [T] numbers them 1, 2, ..."""
+
+    def __init__(self, base: Dataset, pack_length: int, seed: int) -> None:
+        self.base, self.groups = base, pack_groups(base.lengths(), pack_length, seed)
+
+    def __len__(self) -> int:
+        return len(self.groups)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        items = [self.base[j] for j in self.groups[i]]
+        out: dict[str, Any] = {k: torch.cat([it[k] for it in items]) for k in items[0] if k != "hidden"}
+        if "hidden" in items[0]:
+            out["hidden"] = {h: torch.cat([it["hidden"][h] for it in items]) for h in items[0]["hidden"]}
+        out["segments"] = torch.cat([torch.full((it["input_ids"].numel(),), k + 1) for k, it in enumerate(items)])
+        return out
+
+
+def collate(items: list[dict[str, Any]], pad_id: int = 0) -> dict[str, Any]:
+    """Per-sequence (or packed) items -> the batch contract of train/features.py, right-padded."""
+    b, t = len(items), max(it["input_ids"].numel() for it in items)
+    batch: dict[str, Any] = {"input_ids": torch.full((b, t), pad_id, dtype=torch.long),
+                             "attention_mask": torch.zeros(b, t, dtype=torch.long),
+                             "position_ids": torch.zeros(b, t, dtype=torch.long),
+                             "loss_mask": torch.zeros(b, t, dtype=torch.bool)}
+    for r, it in enumerate(items):
+        n = it["input_ids"].numel()
+        seg = it.get("segments", torch.ones(n, dtype=torch.long))
+        batch["input_ids"][r, :n] = it["input_ids"]
+        batch["attention_mask"][r, :n] = seg
+        batch["loss_mask"][r, :n] = it["loss_mask"]
+        starts = torch.ones(n, dtype=torch.bool)
+        starts[1:] = seg[1:] != seg[:-1]
+        idx = torch.arange(n)
+        batch["position_ids"][r, :n] = idx - torch.cummax(torch.where(starts, idx, 0), 0).values
+    if "hidden" in items[0]:
+        batch["hidden"] = {}
+        for h, x in items[0]["hidden"].items():
+            buf = x.new_zeros(b, t, x.shape[-1])
+            for r, it in enumerate(items):
+                buf[r, : it["input_ids"].numel()] = it["hidden"][h]
+            batch["hidden"][h] = buf
+    for key in ("topk_ids", "topk_probs"):
+        if key in items[0]:
+            k = items[0][key].shape[-1]
+            buf = items[0][key].new_zeros(b, t, k)
+            for r, it in enumerate(items):
+                buf[r, : it["input_ids"].numel()] = it[key]
+            batch[key] = buf
+    return batch
+
+
+def make_loader(ds: Dataset, batch_size: int, seed: int, shuffle: bool = True, drop_last: bool = False,
+                num_workers: int = 0, pad_id: int = 0) -> DataLoader:
+    """A DataLoader whose order depends only on `seed` (and the epoch count of its iterations)."""
+    gen = torch.Generator().manual_seed(seed)
+    return DataLoader(ds, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last, num_workers=num_workers,
+                      generator=gen, collate_fn=functools.partial(collate, pad_id=pad_id))
+
+
+def training_data(recipe: Recipe, target: Target, split: str = "train", dist: Dist | None = None,
+                  pack_length: int = 0) -> tuple[Dataset, Callable[[dict[str, Any]], dict[str, Any]]]:
+    """(dataset of per-sequence items, featurize) for the recipe's features.mode.
+
+    offline: the cache must exist and match the fingerprint recomputed from this recipe and target
+    (a mismatch is an error that says how to rebuild); featurize is the identity.
+    online: the token sequences; featurize runs the frozen target (OnlineFeatures) on each batch.
+    Call it with the target as loaded (before any peft wrapping): the fingerprint hashes its weights.
+    """
+    from train.features import Dist, OnlineFeatures, fingerprint, prepare_data
+
+    dist = dist or Dist()
+    fc = recipe.features
+    if fc.mode == "offline":
+        FeatureCache.open(fc.cache_dir)  # a clear "run train.features first" before any data work
+        data = prepare_data(recipe, target, dist, log=lambda s: None)
+        ds: Dataset = CachedFeatures(FeatureCache.open(fc.cache_dir, fingerprint(recipe, target, data)), split)
+        featurize: Callable[[dict[str, Any]], dict[str, Any]] = lambda batch: batch  # noqa: E731
+    else:
+        data = prepare_data(recipe, target, dist, log=lambda s: None)
+        ds = TokenDataset(data.train if split == "train" else data.eval)
+        featurize = OnlineFeatures(target, fc.hidden_ids, fc.topk)
+    return (Packed(ds, pack_length, recipe.seed) if pack_length else ds), featurize

@@ -1,0 +1,332 @@
+"""Frozen-target features: what the drafter losses read, computed once to disk (offline) or in the step (online).
+
+`python -m train.features RECIPE.yaml [key=value ...]` builds the cache a recipe asks for (also under
+`accelerate launch`: each process takes every world_size-th shard; rank 0 merges the index):
+  1. load the target; 2. prepare the data (sources -> regeneration -> tokens + loss masks -> split);
+  3. fingerprint (target config + weights + tokenizer, hidden ids, dtype, top-k, max length, the token
+     data itself); an existing cache must match it — a mismatch is an error, never a silent reuse;
+  4. run the target over this rank's missing shards (finished shards are skipped) and write them;
+  5. rank 0 merges index.json and reports tokens/s and bytes per token.
+
+Batch contract — what the training loop and drafter losses consume, identical in both modes. A
+collated batch (train/dataset.py) is a dict:
+  input_ids      [B, T] long
+  attention_mask [B, T] long   0 = padding, k >= 1 = k-th sequence of the row (1 everywhere without
+                               packing): `attention_mask > 0` marks real tokens; a token may attend to
+                               earlier tokens with the same value
+  position_ids   [B, T] long   position within its own sequence
+  loss_mask      [B, T] bool   True where token t ITSELF is a trained (assistant / text) token; a loss
+                               predicting token t+1 from position t uses loss_mask[:, 1:]; column 0 of
+                               every sequence is False
+  hidden         {id: [B, T, D] float32}  target hidden state at position t for each requested id
+                               (DESIGN §3: 0 = embeddings, i = output of layer i, L = post-final-norm)
+  topk_ids       [B, T, k] long, topk_probs [B, T, k] float32 (only when features.topk > 0): the
+                               target's next-token distribution at position t (softmax of its logits
+                               at t, i.e. over token t+1), its k most likely tokens
+Padded positions hold zeros. `compute_features` produces hidden/topk for both the offline extractor
+and online mode (`OnlineFeatures`), so the two cannot drift.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import datasets
+import numpy as np
+import torch
+from torch import Tensor
+from tqdm import tqdm
+
+from decode.target import DTYPES, Target
+from train.cache import CacheError, FeatureCache, check_existing, shard_name, write_index, write_shard
+from train.data import load_records
+from train.identity import digest, target_identity
+from train.regen import regenerate
+from train.tokens import TokenStats, end_token_ids, split_held_out, tokenize_dataset
+
+if TYPE_CHECKING:
+    from train.config import Recipe
+
+
+@dataclass
+class FeaturesConfig:
+    """Which target features the drafter trains on, and whether they are cached or computed in the step."""
+
+    mode: Literal["offline", "online"] = "offline"  # offline = read the cache; online = run the target each step
+    cache_dir: str = ""  # default RUN_DIR/features
+    hidden_ids: list[int] = field(default_factory=list)  # hidden-state ids to keep (0 = embeddings .. L = final norm)
+    dtype: Literal["fp32", "bf16", "fp16"] = "bf16"  # storage dtype of hidden states and top-k probs
+    topk: int = 0  # store the target's k most likely next tokens + probs per position (0 = don't)
+    shard_size: int = 64  # sequences per shard (a shard is held in memory until written)
+    batch_size: int = 8  # sequences per target forward during extraction
+    target_dtype: str = "float32"  # dtype the frozen target runs in (float32 | bfloat16 | float16)
+    attn: str = "sdpa"  # attention implementation of the target (sdpa | eager)
+
+    def __post_init__(self) -> None:
+        if any(i < 0 for i in self.hidden_ids):
+            raise ValueError(f"hidden_ids {self.hidden_ids}: ids are 0..L (0 = embeddings, L = final normed state)")
+        if self.topk < 0 or self.shard_size < 1 or self.batch_size < 1:
+            raise ValueError("topk must be >= 0, shard_size and batch_size >= 1")
+        if self.target_dtype not in DTYPES:
+            raise ValueError(f"target_dtype {self.target_dtype!r} not one of {sorted(DTYPES)}")
+
+
+@dataclass
+class Dist:
+    """This process's place in a (possibly single-process) run."""
+
+    rank: int = 0
+    world: int = 1
+    barrier: Callable[[], None] = lambda: None
+
+
+@dataclass
+class PreparedData:
+    """Token sequences ({input_ids, loss_mask} rows) split into train and eval, with the counts."""
+
+    train: datasets.Dataset
+    eval: datasets.Dataset
+    stats: TokenStats
+
+
+# --- the one feature function -------------------------------------------------------------------
+
+
+@torch.no_grad()
+def compute_features(target: Target, input_ids: Tensor, attention_mask: Tensor, hidden_ids: list[int] | tuple[int, ...],
+                     topk: int = 0, position_ids: Tensor | None = None, chunk: int = 2048) -> dict[str, Any]:
+    """Target features for a batch: {"hidden": {id: [B, T, D] f32}} (+ "topk_ids"/"topk_probs" [B, T, k]).
+
+    input_ids/attention_mask [B, T] as in the batch contract; padded positions come back as zeros.
+    The LM head runs over `chunk` positions at a time so a 152k vocabulary never needs [B, T, V] at once.
+    """
+    ids = tuple(sorted(set(hidden_ids)))
+    last, hidden = target.forward_batch(input_ids, attention_mask, ids, position_ids)  # [B, T, D]
+    real = (attention_mask.to(last.device) > 0)[..., None]  # [B, T, 1]
+    out: dict[str, Any] = {"hidden": {i: torch.where(real, h.float(), 0.0) for i, h in hidden.items()}}
+    if topk:
+        flat = last.reshape(-1, last.shape[-1])
+        tops = [torch.softmax(target.head(flat[a: a + chunk]).float(), -1).topk(topk, -1)
+                for a in range(0, flat.shape[0], chunk)]
+        b, t = input_ids.shape
+        out["topk_probs"] = torch.where(real, torch.cat([x.values for x in tops]).view(b, t, topk), 0.0)
+        out["topk_ids"] = torch.where(real, torch.cat([x.indices for x in tops]).view(b, t, topk), 0)
+    return out
+
+
+class OnlineFeatures:
+    """Online mode: called on each token batch inside the training step; returns the full batch contract."""
+
+    def __init__(self, target: Target, hidden_ids: list[int], topk: int = 0) -> None:
+        target.check_hidden_ids(hidden_ids)
+        self.target, self.hidden_ids, self.topk = target, list(hidden_ids), topk
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        feats = compute_features(self.target, batch["input_ids"], batch["attention_mask"], self.hidden_ids,
+                                 self.topk, batch.get("position_ids"))
+        return {**batch, **feats}
+
+
+# --- data preparation and fingerprint -----------------------------------------------------------
+
+
+def load_target(recipe: Recipe, device: str | torch.device = "cpu") -> Target:
+    fc = recipe.features
+    return Target.load(recipe.target, dtype=fc.target_dtype, attn=fc.attn, device=str(device))
+
+
+def prepare_data(recipe: Recipe, target: Target, dist: Dist | None = None,
+                 log: Callable[[str], None] = print) -> PreparedData:
+    """Sources -> (regeneration) -> tokens + loss masks -> seeded train/eval split (same on every rank)."""
+    dist = dist or Dist()
+    cfg = recipe.data
+    tok = target.tokenizer
+    if tok is None:
+        raise ValueError(f"{recipe.target}: no tokenizer found next to the model; the data pipeline needs one")
+    if not cfg.sources and not cfg.regenerate.enabled:
+        raise ValueError("data.source is empty: give a data file/directory/hub name, or set "
+                         "data.regenerate.enabled=true with data.regenerate.num_samples to sample from the start token")
+    records = _rank0_first(dist, lambda: load_records(cfg))
+    if cfg.regenerate.enabled:
+        out = regenerate(target, records if cfg.sources else None, cfg.regenerate, recipe.seed, cfg.chat_template,
+                         cfg.enable_thinking, dist.rank, dist.world, dist.barrier)
+        regen_cfg = dataclasses.replace(cfg, source=str(out), format="auto", max_records=0, split="train")
+        records = _rank0_first(dist, lambda: load_records(regen_cfg))
+    end_ids = end_token_ids(tok, set(target.eos_ids) | set(cfg.regenerate.stop_ids))
+    seqs, stats = tokenize_dataset(records, tok, cfg.max_length, cfg.overflow, end_ids, cfg.chat_template,
+                                   cfg.enable_thinking)
+    train, held = split_held_out(seqs, cfg.held_out, recipe.seed)
+    if dist.rank == 0:
+        for note in stats.notes:
+            log(f"[data] note: {note}")
+        log(f"[data] {stats.summary()}; split {len(train)} train / {len(held)} eval")
+    return PreparedData(train, held, stats)
+
+
+def _rank0_first(dist: Dist, fn: Callable[[], Any]) -> Any:
+    """Rank 0 builds the `datasets` cache files first, the others then read them (no concurrent writes)."""
+    if dist.rank == 0:
+        out = fn()
+        dist.barrier()
+        return out
+    dist.barrier()
+    return fn()
+
+
+def data_digest(*parts: datasets.Dataset) -> str:
+    """sha256 of every sequence's ids and loss mask, in order (what the cache's rows were computed from)."""
+    h = hashlib.sha256()
+    for ds in parts:
+        for ids, mask in zip(ds["input_ids"], ds["loss_mask"]):
+            h.update(np.asarray(ids, dtype=np.int32).tobytes())
+            h.update(np.asarray(mask, dtype=np.bool_).tobytes())
+            h.update(b"|")
+        h.update(b"#")
+    return h.hexdigest()[:16]
+
+
+def fingerprint(recipe: Recipe, target: Target, data: PreparedData) -> dict[str, Any]:
+    """Everything a cached feature depends on; training recomputes it and refuses a cache that differs."""
+    fc = recipe.features
+    return {"target": target_identity(target), "hidden_ids": sorted(set(fc.hidden_ids)), "dtype": fc.dtype,
+            "topk": fc.topk, "max_length": recipe.data.max_length, "data": data_digest(data.train, data.eval),
+            "n_train": len(data.train), "n_eval": len(data.eval)}
+
+
+# --- offline extraction -------------------------------------------------------------------------
+
+
+def extract_shard(target: Target, rows: datasets.Dataset, fc: FeaturesConfig) -> list[dict[str, Tensor]]:
+    """Features for the sequences of one shard (batched by length to limit padding), on the CPU."""
+    from train.dataset import collate
+
+    items = [{"input_ids": torch.tensor(r["input_ids"], dtype=torch.long),
+              "loss_mask": torch.tensor(r["loss_mask"], dtype=torch.bool)} for r in rows]
+    order = sorted(range(len(items)), key=lambda j: items[j]["input_ids"].numel())
+    out: list[dict[str, Tensor]] = [{} for _ in items]
+    for a in range(0, len(order), fc.batch_size):
+        idx = order[a: a + fc.batch_size]
+        batch = collate([items[j] for j in idx])
+        feats = compute_features(target, batch["input_ids"], batch["attention_mask"], fc.hidden_ids, fc.topk)
+        for r, j in enumerate(idx):
+            n = items[j]["input_ids"].numel()
+            seq = dict(items[j])
+            for h, x in feats["hidden"].items():
+                seq[f"hidden.{h}"] = x[r, :n].cpu()
+            if fc.topk:
+                seq["topk_ids"], seq["topk_probs"] = feats["topk_ids"][r, :n].cpu(), feats["topk_probs"][r, :n].cpu()
+            out[j] = seq
+    return out
+
+
+def extract(recipe: Recipe, target: Target | None = None, dist: Dist | None = None, device: str | torch.device = "cpu",
+            log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Build (or finish, or confirm) the feature cache of `recipe`; returns its index."""
+    dist = dist or Dist()
+    fc = recipe.features
+    if not fc.hidden_ids:
+        raise ValueError("features.hidden_ids is empty: list the hidden-state ids the drafter needs "
+                         "(0 = embeddings, i = layer i output, L = final normed state), e.g. features.hidden_ids=[2,3,5]")
+    target = target or load_target(recipe, device)
+    target.check_hidden_ids(fc.hidden_ids)
+    data = prepare_data(recipe, target, dist, log)
+    seqs = datasets.concatenate_datasets([data.train, data.eval])
+    fp = fingerprint(recipe, target, data)
+    cache_dir = Path(fc.cache_dir)
+    # 1. refuse a cache built from something else (rank 0 first, then everyone reads the verdict).
+    finished_before: set[str] = set()
+    if dist.rank == 0:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        for stray in cache_dir.glob(".shard_*.tmp"):  # half-written by a killed run: never readable, drop it
+            stray.unlink()
+        check_existing(cache_dir, fp)
+        finished_before = {p.name for p in cache_dir.glob("shard_*.safetensors")}
+        from train.config import dump_config
+
+        dump_config(recipe, cache_dir / "recipe.yaml")  # the resolved recipe, for humans
+    dist.barrier()
+    if check_existing(cache_dir, fp):
+        if dist.rank == 0:
+            log(f"[features] {cache_dir} is up to date ({len(seqs)} sequences); nothing to do")
+        return FeatureCache.open(cache_dir, fp).index
+    # 2. this rank's missing shards.
+    n_shards = math.ceil(len(seqs) / fc.shard_size)
+    mine = [s for s in range(n_shards) if s % dist.world == dist.rank and not (cache_dir / shard_name(s)).exists()]
+    t0 = time.perf_counter()
+    total = sum(min(len(seqs), (s + 1) * fc.shard_size) - s * fc.shard_size for s in mine)
+    with tqdm(total=total, desc=f"features [rank {dist.rank}/{dist.world}]", unit="seq", disable=dist.rank != 0) as bar:
+        for s in mine:
+            a, b = s * fc.shard_size, min(len(seqs), (s + 1) * fc.shard_size)
+            rows = extract_shard(target, seqs.select(range(a, b)), fc)
+            meta = {"fingerprint": digest(fp), "shard": s, "seq_start": a, "seq_end": b}
+            write_shard(cache_dir / shard_name(s), rows, meta, fc.dtype)
+            bar.update(b - a)
+    dist.barrier()
+    elapsed = time.perf_counter() - t0
+    # 3. rank 0 merges the index once every rank is done.
+    if dist.rank == 0:
+        extra = {"num_sequences": len(seqs), "n_train": len(data.train), "n_eval": len(data.eval),
+                 "hidden_ids": fp["hidden_ids"], "hidden_size": target.hidden_size, "dtype": fc.dtype, "topk": fc.topk,
+                 "shard_size": fc.shard_size, "token_stats": dataclasses.asdict(data.stats)}
+        index = write_index(cache_dir, fp, n_shards, extra)
+        new_tokens = sum(sh["tokens"] for sh in index["shards"] if sh["file"] not in finished_before)
+        stats = {"processes": dist.world, "extract_s": elapsed, "tokens_extracted": new_tokens,
+                 "tokens_per_s": new_tokens / max(elapsed, 1e-9), "bytes_per_token": index["bytes_per_token"],
+                 "tokens": index["tokens"], "bytes": index["bytes"]}
+        (cache_dir / "extract_stats.json").write_text(json.dumps(stats, indent=1))
+        log(f"[features] {len(seqs)} sequences ({len(data.train)} train / {len(data.eval)} eval), {index['tokens']} "
+            f"tokens in {n_shards} shards at {cache_dir}")
+        log(f"[features] extracted {new_tokens} tokens in {elapsed:.2f} s = {stats['tokens_per_s']:.0f} tok/s on "
+            f"{dist.world} process(es); {index['bytes_per_token']:.1f} bytes/token ({fc.dtype}, ids {fp['hidden_ids']}, "
+            f"topk {fc.topk}), {index['bytes'] / 1e6:.2f} MB")
+    dist.barrier()
+    return FeatureCache.open(cache_dir, fp).index
+
+
+# --- command line -------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    from train.config import load_recipe
+
+    ap = argparse.ArgumentParser(prog="python -m train.features", description=__doc__.splitlines()[0])
+    ap.add_argument("recipe", help="recipe YAML")
+    ap.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. features.dtype=fp32")
+    args = ap.parse_args(argv)
+    try:
+        return run(load_recipe(args.recipe, args.overrides))
+    except (ValueError, FileNotFoundError, CacheError) as e:  # bad input: the message says what to do
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+def run(recipe: Recipe) -> int:
+    from accelerate import PartialState
+
+    # PartialState only forms CPU ranks when told to run on the CPU (as Accelerator does from this variable).
+    cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes") or not torch.cuda.is_available()
+    state = PartialState(cpu=cpu)
+    dist = Dist(state.process_index, state.num_processes, state.wait_for_everyone)
+    torch.manual_seed(recipe.seed)
+    if recipe.features.mode == "online":
+        print("[features] features.mode=online: the target runs inside each training step; nothing to extract "
+              "(data preparation still checked)", file=sys.stderr)
+        prepare_data(recipe, load_target(recipe, state.device), dist)
+        return 0
+    extract(recipe, dist=dist, device=state.device)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,206 @@
+"""Regeneration (self-distillation): the frozen target writes the responses its drafter will learn from.
+
+Jobs are (record, sample) pairs — or, with no source, `num_samples` sequences from the start token
+alone (the bundled story target writes stories from BOS). Jobs are cut into shards of `shard_size`;
+shard s goes to rank s % world_size, is sampled under its own seed (seed, s), written to a temporary
+name and renamed, so an interrupted run resumes by skipping finished shards and reproduces the same
+samples. `_regen.json` records what the shards were made from; a mismatch is an error.
+
+Per job, the source's assistant turns are dropped and every user turn gets a reply, in order, each
+conditioned on the target's own earlier replies (a prompt or text record is one user turn; a job
+from the start token gets one reply to nothing):
+  - target with a chat template: context = template(history, generation prompt); the decoded reply
+    (up to its stop token) becomes the assistant content. Output record: {"messages": [...]};
+  - without one (plain rule of train/tokens.py): context ids grow turn by turn; the generated ids
+    (stop token included) are kept exactly. Output record: {"input_ids", "loss_mask", "text"}, so the
+    drafter trains on the very tokens the target sampled (no decode/re-encode round trip).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import datasets
+import torch
+from tqdm import tqdm
+
+from decode.target import Target
+from train.data import RegenConfig
+from train.identity import digest, target_identity
+from train.tokens import has_template, render, template_kwargs
+
+MANIFEST = "_regen.json"  # "_" prefix: not a data file when the directory is read as a source
+
+
+def plan_jobs(records: datasets.Dataset | None, cfg: RegenConfig) -> list[tuple[int, int]]:
+    """(record index, sample index) pairs; record -1 = start from the start token alone."""
+    if records is None or len(records) == 0:
+        if cfg.num_samples < 1:
+            raise ValueError("data.regenerate: no data.source and num_samples is 0: set num_samples (sequences to "
+                             "sample from the start token) or give a prompt file in data.source")
+        return [(-1, s) for s in range(cfg.num_samples)]
+    if "tokens" in records["kind"]:
+        origin = records[records["kind"].index("tokens")]["origin"]
+        raise ValueError(f"{origin}: pre-tokenized records cannot be regenerated; drop data.regenerate or that source")
+    jobs = [(i, s) for i in range(len(records)) for s in range(cfg.samples_per_prompt)]
+    return jobs[: cfg.num_samples] if cfg.num_samples else jobs
+
+
+def reply_chunks(rec: dict | None) -> list[list[dict]]:
+    """The messages to append before each reply: assistant turns dropped, a reply after every user turn.
+
+    A text or prompt record is one user turn; a job from the start token (rec None) is one reply to nothing.
+    """
+    if rec is None:
+        return [[]]
+    msgs = [{"role": "user", "content": rec["text"]}] if rec["kind"] == "text" else rec["messages"]
+    chunks, cur = [], []
+    for m in msgs:
+        if m["role"] != "assistant":
+            cur.append(m)
+        if m["role"] == "user":
+            chunks.append(cur)
+            cur = []
+    if not chunks:
+        raise ValueError(f"{rec['origin']}: no user turn to answer")
+    return chunks
+
+
+def start_prefix(tok) -> list[int]:
+    prefix = list(tok("", add_special_tokens=True)["input_ids"])
+    if not prefix and tok.bos_token_id is not None:
+        prefix = [tok.bos_token_id]
+    return prefix
+
+
+@torch.no_grad()
+def sample(target: Target, contexts: list[list[int]], cfg: RegenConfig, stop: list[int], pad_id: int) -> list[list[int]]:
+    """Left-padded batched sampling with HF generate; each result is cut after its first stop token."""
+    width = max(map(len, contexts))
+    ids = torch.full((len(contexts), width), pad_id, dtype=torch.long)
+    att = torch.zeros_like(ids)
+    for b, c in enumerate(contexts):
+        ids[b, width - len(c):] = torch.tensor(c)
+        att[b, width - len(c):] = 1
+    room = target.max_positions - width
+    if room < 1:
+        raise ValueError(f"a regeneration context of {width} tokens leaves no room under the target's "
+                         f"{target.max_positions} positions; lower data.max_length or shorten the prompts")
+    greedy = cfg.temperature == 0
+    knobs = {} if greedy else {"temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": cfg.top_k}
+    out = target.model.generate(ids.to(target.device), attention_mask=att.to(target.device), do_sample=not greedy,
+                                max_new_tokens=min(cfg.max_new_tokens, room), eos_token_id=stop,
+                                pad_token_id=pad_id, max_length=None, **knobs)
+    res = []
+    for row in out[:, width:].tolist():
+        end = next((j + 1 for j, t in enumerate(row) if t in stop), len(row))
+        res.append(row[:end])
+    return res
+
+
+def generate_shard(target: Target, recs: list[dict | None], cfg: RegenConfig, stop: list[int],
+                   use_template: bool, tpl: dict) -> list[dict]:
+    """Answer every assistant slot of these jobs, turn by turn, in batches sorted by context length."""
+    tok = target.tokenizer
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else stop[0]
+    chunks = [reply_chunks(r) for r in recs]
+    msgs: list[list[dict]] = [[] for _ in recs]
+    ids = [start_prefix(tok) for _ in recs]  # plain rule: the running token sequence
+    mask = [[0] * len(x) for x in ids]
+    if use_template and any(r is None for r in recs):
+        raise ValueError("a chat-template target cannot start from the start token alone: give prompts in "
+                         "data.source, or set data.chat_template=false")
+    if not use_template and not ids[0]:
+        raise ValueError("the tokenizer adds no BOS and has none: regeneration without a chat template needs a start token")
+    for r in range(max(map(len, chunks))):
+        todo = [j for j, c in enumerate(chunks) if r < len(c)]  # jobs that get their r-th reply now
+        for j in todo:
+            msgs[j] += chunks[j][r]
+            if not use_template:
+                for m in chunks[j][r]:
+                    piece = list(tok(m["content"], add_special_tokens=False)["input_ids"])
+                    ids[j] += piece
+                    mask[j] += [0] * len(piece)
+        contexts = {j: (list(tok(render(tok, msgs[j], True, tpl), add_special_tokens=False)["input_ids"])
+                        if use_template else ids[j]) for j in todo}
+        order = sorted(todo, key=lambda j: len(contexts[j]))
+        for b in range(0, len(order), cfg.batch_size):
+            batch = order[b: b + cfg.batch_size]
+            for j, gen in zip(batch, sample(target, [contexts[j] for j in batch], cfg, stop, pad_id)):
+                if use_template:
+                    body = gen[:-1] if gen and gen[-1] in stop else gen
+                    msgs[j].append({"role": "assistant", "content": tok.decode(body, skip_special_tokens=True)})
+                else:
+                    msgs[j].append({"role": "assistant", "content": tok.decode(gen, skip_special_tokens=True)})
+                    ids[j] += gen
+                    mask[j] += [1] * len(gen)
+    if use_template:
+        return [{"messages": m} for m in msgs]
+    return [{"input_ids": i, "loss_mask": k, "messages": m} for i, k, m in zip(ids, mask, msgs)]
+
+
+def regenerate(target: Target, records: datasets.Dataset | None, cfg: RegenConfig, seed: int,
+               use_template: bool, enable_thinking: bool | None, rank: int = 0, world: int = 1,
+               barrier=lambda: None) -> Path:
+    """Write (or finish) the jsonl shards in cfg.out_dir; returns that directory (a data source)."""
+    if target.tokenizer is None:
+        raise ValueError(f"{target.name_or_path}: regeneration needs the target's tokenizer")
+    use_template = use_template and has_template(target.tokenizer)
+    out = Path(cfg.out_dir)
+    jobs = plan_jobs(records, cfg)
+    stop = sorted(set(target.eos_ids) | set(cfg.stop_ids) | ({target.tokenizer.eos_token_id} - {None}))
+    # 1. the manifest: refuse a directory made from anything else.
+    settings = {k: v for k, v in vars(cfg).items() if k not in ("out_dir", "batch_size")}
+    manifest = {"target": target_identity(target), "settings": settings, "seed": seed, "stop_ids": stop,
+                "use_template": use_template, "enable_thinking": enable_thinking, "jobs": len(jobs),
+                "records": digest(records.to_list()) if records is not None else None}
+    if rank == 0:
+        check_manifest(out, manifest)
+    barrier()
+    # 2. this rank's shards, skipping finished ones.
+    shards = [(s, jobs[a: a + cfg.shard_size]) for s, a in enumerate(range(0, len(jobs), cfg.shard_size))]
+    mine = [(s, js) for s, js in shards if s % world == rank and not shard_path(out, s).exists()]
+    tpl = template_kwargs(enable_thinking)
+    with tqdm(total=sum(len(js) for _, js in mine), desc=f"regenerating [rank {rank}]", unit="seq",
+              disable=rank != 0 or not mine) as bar:
+        for s, js in mine:
+            recs = [records[i] if i >= 0 else None for i, _ in js]
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(seed * 1_000_003 + s)
+                rows = generate_shard(target, recs, cfg, stop, use_template, tpl)
+            write_jsonl(shard_path(out, s), rows)
+            bar.update(len(js))
+    barrier()
+    return out
+
+
+def shard_path(out: Path, s: int) -> Path:
+    return out / f"shard_{s:05d}.jsonl"
+
+
+def check_manifest(out: Path, manifest: dict) -> None:
+    path = out / MANIFEST
+    if path.exists():
+        old = json.loads(path.read_text())
+        if old != json.loads(json.dumps(manifest)):
+            diff = sorted(k for k in set(old) | set(manifest) if old.get(k) != json.loads(json.dumps(manifest)).get(k))
+            raise ValueError(f"{out} holds regenerated data made with different {', '.join(diff)}; delete the "
+                             "directory to regenerate, or set data.regenerate.out_dir to a new one")
+        return
+    if out.exists() and any(out.glob("shard_*.jsonl")):
+        raise ValueError(f"{out} has shards but no {MANIFEST}: delete it or choose another data.regenerate.out_dir")
+    out.mkdir(parents=True, exist_ok=True)
+    for stray in out.glob(".*.tmp"):
+        stray.unlink()
+    path.write_text(json.dumps(manifest, indent=1, sort_keys=True))
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    """Write to a hidden temporary name, then rename: a crash never leaves a readable half-shard."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
