@@ -24,12 +24,31 @@ from typing import Any, Literal, Union
 
 import yaml
 
+from drafters.eagle import Eagle1Config, Eagle3Config
+from drafters.layerskip import LayerSkipConfig
+from drafters.medusa import MedusaConfig
 from train.data import DataConfig
 from train.features import FeaturesConfig
+from train.loop import TrainConfig
 
 
 class ConfigError(ValueError):
     """A recipe or override that does not fit the config schema."""
+
+
+@dataclass
+class DrafterSection:
+    """The drafter to train: `kind` picks one of the sections below; only that section is used."""
+
+    kind: Literal["eagle3", "eagle1", "medusa", "layerskip"] = "eagle3"  # drafter family
+    eagle3: Eagle3Config = field(default_factory=Eagle3Config)  # EAGLE-3 settings
+    eagle1: Eagle1Config = field(default_factory=Eagle1Config)  # EAGLE-1 settings
+    medusa: MedusaConfig = field(default_factory=MedusaConfig)  # Medusa settings
+    layerskip: LayerSkipConfig = field(default_factory=LayerSkipConfig)  # LayerSkip settings
+
+    def selected(self):
+        """The config dataclass of the chosen kind."""
+        return getattr(self, self.kind)
 
 
 @dataclass
@@ -42,8 +61,8 @@ class Recipe:
     seed: int = 0  # seeds regeneration, the held-out split, shuffling and training
     data: DataConfig = field(default_factory=DataConfig)  # sources, tokenization, regeneration
     features: FeaturesConfig = field(default_factory=FeaturesConfig)  # frozen-target features (offline/online)
-    drafter: dict[str, Any] = field(default_factory=dict)  # drafter settings (typed by the training issue)
-    train: dict[str, Any] = field(default_factory=dict)  # optimisation settings (typed by the training issue)
+    drafter: DrafterSection = field(default_factory=DrafterSection)  # which drafter, and its settings
+    train: TrainConfig = field(default_factory=TrainConfig)  # optimisation and bookkeeping
 
 
 def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> Recipe:
@@ -56,6 +75,19 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> Recipe:
     data = dataclasses.replace(r.data, regenerate=regen)
     feats = dataclasses.replace(r.features, cache_dir=r.features.cache_dir or str(Path(run_dir) / "features"))
     return dataclasses.replace(r, name=name, run_dir=run_dir, data=data, features=feats)
+
+
+def with_feature_ids(recipe: Recipe, num_layers: int) -> Recipe:
+    """Fill `features.hidden_ids` from the drafter (when empty) or check it holds what the drafter needs."""
+    need = sorted(recipe.drafter.selected().feature_ids(num_layers))
+    have = list(recipe.features.hidden_ids)
+    if not have:
+        return dataclasses.replace(recipe, features=dataclasses.replace(recipe.features, hidden_ids=need))
+    missing = sorted(set(need) - set(have))
+    if missing:
+        raise ConfigError(f"features.hidden_ids {have} lacks {missing}, which a {recipe.drafter.kind} drafter needs "
+                          f"for a {num_layers}-layer target; remove the key to use {need}")
+    return recipe
 
 
 def load_config(cls: type, yaml_path: str | Path | None, overrides: Sequence[str] = ()) -> Any:
@@ -153,6 +185,11 @@ def convert(value: Any, tp: Any, dotted: str, where: str) -> Any:
         if not isinstance(value, list):
             raise bad
         return [convert(v, args[0] if args else Any, f"{dotted}[{i}]", where) for i, v in enumerate(value)]
+    if origin is tuple:  # tuple[X, ...] fields take a YAML list
+        if not isinstance(value, (list, tuple)):
+            raise bad
+        elem = args[0] if args else Any
+        return tuple(convert(v, elem, f"{dotted}[{i}]", where) for i, v in enumerate(value))
     if origin is dict:
         if not isinstance(value, dict):
             raise bad

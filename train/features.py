@@ -233,12 +233,12 @@ def extract_shard(target: Target, rows: datasets.Dataset, fc: FeaturesConfig) ->
 def extract(recipe: Recipe, target: Target | None = None, dist: Dist | None = None, device: str | torch.device = "cpu",
             log: Callable[[str], None] = print) -> dict[str, Any]:
     """Build (or finish, or confirm) the feature cache of `recipe`; returns its index."""
+    from train.config import with_feature_ids
+
     dist = dist or Dist()
-    fc = recipe.features
-    if not fc.hidden_ids:
-        raise ValueError("features.hidden_ids is empty: list the hidden-state ids the drafter needs "
-                         "(0 = embeddings, i = layer i output, L = final normed state), e.g. features.hidden_ids=[2,3,5]")
     target = target or load_target(recipe, device)
+    recipe = with_feature_ids(recipe, target.num_layers)  # empty hidden_ids: what the recipe's drafter needs
+    fc = recipe.features
     target.check_hidden_ids(fc.hidden_ids)
     data = prepare_data(recipe, target, dist, log)
     seqs = datasets.concatenate_datasets([data.train, data.eval])

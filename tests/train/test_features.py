@@ -146,9 +146,10 @@ def test_mismatched_or_damaged_cache_is_an_error(built, work, stories, tmp_path)
     with pytest.raises(CacheError, match="does not match"):
         training_data(load_recipe(r_path(r), overrides_of(r) + ["data.max_length=30"]), stories)
     with pytest.raises(ValueError, match=r"hidden-state ids \[6\] out of range 0\.\.5"):
-        extract(load_recipe(r_path(r), overrides_of(r) + ["features.hidden_ids=[2,6]"]), target=stories)
-    with pytest.raises(ValueError, match="features.hidden_ids is empty"):
-        extract(load_recipe(r_path(r), overrides_of(r) + ["features.hidden_ids=[]"]), target=stories)
+        extract(load_recipe(r_path(r), overrides_of(r) + ["features.hidden_ids=[2,5,6]"]), target=stories)
+    with pytest.raises(ValueError, match=r"lacks \[5\], which a medusa drafter needs"):
+        extract(load_recipe(r_path(r), overrides_of(r) + ["features.hidden_ids=[2]", "drafter.kind=medusa"]),
+                target=stories)
     # a damaged shard is refused, naming the file and how to rebuild
     broken = tmp_path / "broken"
     broken.mkdir()
