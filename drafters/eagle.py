@@ -182,12 +182,12 @@ class Eagle3(_Eagle):
 
     kind = "eagle3"
 
-    def __init__(self, target: Target, config: Eagle3Config = Eagle3Config(),
+    def __init__(self, target: Target, config: Eagle3Config | None = None,
                  token_counts: Tensor | None = None) -> None:
         """token_counts [V]: target-token frequencies of the training data, for the draft vocabulary
         (None: the first N ids, fine for tests or when the vocabulary is not reduced)."""
         super().__init__(target)
-        self.config = cfg = config.resolved(target.num_layers, target.vocab_size)
+        self.config = cfg = (config or Eagle3Config()).resolved(target.num_layers, target.vocab_size)
         sizes = LayerSizes.of(target.config, cfg.intermediate_size)
         H, n = sizes.hidden, cfg.draft_vocab_size
         if token_counts is None:
@@ -267,9 +267,9 @@ class Eagle1(_Eagle):
 
     kind = "eagle1"
 
-    def __init__(self, target: Target, config: Eagle1Config = Eagle1Config()) -> None:
+    def __init__(self, target: Target, config: Eagle1Config | None = None) -> None:
         super().__init__(target)
-        self.config = config
+        self.config = config = config or Eagle1Config()
         sizes = LayerSizes.of(target.config, config.intermediate_size)
         H = sizes.hidden
         with torch.device(target.device):

@@ -105,12 +105,12 @@ class LayerSkip(nn.Module):
 
     kind = "layerskip"
 
-    def __init__(self, target: Target, config: LayerSkipConfig = LayerSkipConfig()) -> None:
+    def __init__(self, target: Target, config: LayerSkipConfig | None = None) -> None:
         super().__init__()
         self.target = target  # a plain attribute: the frozen target is not part of this module
         for piece in (target.embed_tokens, target.lm_head, target.norm, target.layers):
             piece.requires_grad_(False)
-        self.config = cfg = config.resolved(target.num_layers, target.vocab_size)
+        self.config = cfg = (config or LayerSkipConfig()).resolved(target.num_layers, target.vocab_size)
         eps = float(getattr(target.config, "rms_norm_eps", 1e-6))
         with torch.device(target.device):
             self.exits = nn.ModuleDict({str(e): ExitHead(target.norm.weight.float(), eps, cfg.adapter_rank)

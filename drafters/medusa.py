@@ -66,11 +66,11 @@ class Medusa(nn.Module):
 
     kind = "medusa"
 
-    def __init__(self, target: Target, config: MedusaConfig = MedusaConfig()) -> None:
+    def __init__(self, target: Target, config: MedusaConfig | None = None) -> None:
         super().__init__()
         self.target = target  # a plain attribute: the frozen target is not part of this module
         target.lm_head.requires_grad_(False)
-        self.config = cfg = config.resolved(target.num_layers, target.vocab_size)
+        self.config = cfg = (config or MedusaConfig()).resolved(target.num_layers, target.vocab_size)
         H, V = target.hidden_size, target.vocab_size
         with torch.device(target.device):
             self.blocks = nn.ModuleList([ResBlocks(H, cfg.num_layers) for _ in range(cfg.num_heads)])

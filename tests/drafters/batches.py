@@ -55,3 +55,33 @@ def record_rounds(drafter) -> list:
 
     drafter.propose = propose
     return rounds
+
+
+KINDS = ["eagle1", "eagle3", "medusa", "layerskip", "layerskip-lora"]
+
+
+def build(kind: str, target: Target, seed: int = 0):
+    """A random-init drafter module of each kind with test-sized settings (LoRA weights made non-zero)."""
+    from drafters.eagle import Eagle1, Eagle3, Eagle3Config
+    from drafters.layerskip import LayerSkip, LayerSkipConfig
+    from drafters.medusa import Medusa, MedusaConfig
+
+    torch.manual_seed(seed)
+    if kind == "eagle1":
+        return Eagle1(target)
+    if kind == "eagle3":
+        counts = torch.randint(0, 100, (target.vocab_size,))
+        return Eagle3(target, Eagle3Config(draft_vocab_size=target.vocab_size // 2, ttt_steps=3), token_counts=counts)
+    if kind == "medusa":
+        return Medusa(target, MedusaConfig(num_heads=3, num_layers=2))
+    if kind == "layerskip":
+        return LayerSkip(target, LayerSkipConfig(draft_exit=2, adapter_rank=4))
+    if kind == "layerskip-lora":
+        m = LayerSkip(target, LayerSkipConfig(mode="lora", draft_exit=2, lora_rank=4,
+                                                 lora_targets=("q_proj", "v_proj", "down_proj")))
+        with torch.no_grad():
+            for name, p in m.lora.named_parameters():
+                if ".B." in f".{name}.":
+                    p.normal_(0, 0.3)
+        return m
+    raise ValueError(kind)
