@@ -14,8 +14,8 @@ from tests.drafters.batches import make_batch, random_sequences, record_rounds, 
 def test_keys_and_zero_init(tiny):
     m = Medusa(tiny, MedusaConfig(num_heads=3, num_layers=2))
     sd = m.state_dict()
-    assert set(sd) == {f"blocks.{k}.layers.{l}.{p}" for k in range(3) for l in range(2) for p in ("weight", "bias")}
-    assert all(float(sd[f"blocks.{k}.layers.{l}.weight"].abs().max()) == 0.0 for k in range(3) for l in range(2))
+    assert set(sd) == {f"blocks.{k}.layers.{j}.{p}" for k in range(3) for j in range(2) for p in ("weight", "bias")}
+    assert all(float(sd[f"blocks.{k}.layers.{j}.weight"].abs().max()) == 0.0 for k in range(3) for j in range(2))
     own = Medusa(tiny, MedusaConfig(num_heads=2, per_head_vocab=True))
     assert own.state_dict()["lm_heads.1.weight"].shape == (tiny.vocab_size, tiny.hidden_size)
     assert torch.equal(own.state_dict()["lm_heads.0.weight"], tiny.lm_head.weight)
