@@ -10,6 +10,8 @@ order than their verification rows drop the scratch and verify from scratch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from torch import Tensor
 
 from decode.protocol import Budget, TargetStep
@@ -21,11 +23,15 @@ from drafters.common import CachedLM
 class EarlyExitDrafter:
     hidden_ids: tuple[int, ...] = ()
 
-    def __init__(self, target: Target, k: int, reuse: bool = True) -> None:
+    def __init__(self, target: Target, k: int, reuse: bool = True, head: Callable[[Tensor], Tensor] | None = None,
+                 name: str | None = None) -> None:
+        """head: pre-norm layer-K states [1, T, D] -> logits [1, T, V]; None = the target's norm + LM head
+        (LayerSkip passes its trained exit head)."""
         if not 1 <= k < target.num_layers:
             raise ValueError(f"early-exit:{k}: K must be in 1..{target.num_layers - 1} for a {target.num_layers}-layer target")
         self.target, self.k, self.use_reuse = target, k, reuse
-        self.name = f"early-exit:{k}"
+        self.head = head or target.head
+        self.name = name or f"early-exit:{k}"
         self.lm = CachedLM(self._run, target.dtype, target.device, target.num_layers)
         self._reuse: LayerReuse | None = None
 
@@ -35,7 +41,7 @@ class EarlyExitDrafter:
 
     def _run(self, ids: Tensor, positions: Tensor, mask: Tensor | None, cache) -> tuple[Tensor, Tensor]:
         h, _ = self.target.run_layers(self.target.embed(ids), 0, self.k, cache, positions, mask)
-        return self.target.head(h)[0], h[0]  # [T, V], [T, D]
+        return self.head(h)[0], h[0]  # [T, V], [T, D]
 
     def begin(self, prompt_ids: Tensor, step: TargetStep) -> None:
         self.lm.begin(prompt_ids, step, shared=True)

@@ -76,8 +76,14 @@ FACTORIES: dict[str, Callable[[Target, str, str], Drafter]] = {
     "draft-model": _draft_model,
 }
 
+def _native_dir(target: Target, path: Path) -> Drafter | None:
+    from drafters.checkpoint import load_as_drafter
+
+    return load_as_drafter(target, path)
+
+
 # Checkpoint directories: loaders tried in order, each returning None when the directory is not theirs.
-DIR_LOADERS: list[Callable[[Target, Path], Drafter | None]] = []
+DIR_LOADERS: list[Callable[[Target, Path], Drafter | None]] = [_native_dir]
 
 
 # Target layers a drafter runs itself, read from its SPEC before the target is loaded, so a streamed

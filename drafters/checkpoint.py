@@ -1,0 +1,156 @@
+"""Native drafter checkpoints (DESIGN §5): a directory with config.json + model.safetensors (+ adapter/).
+
+config.json: {"draftsmith_drafter": kind, "format_version", "config": the drafter's config dataclass,
+"target": {"name_or_path", "fingerprint"}, "capture_ids", "draft_vocab_size", "recipe"}.
+model.safetensors: the module's state dict, i.e. only what the drafter trained (and EAGLE-3's
+d2t/t2d): the target's embedding and LM head are never in it. LayerSkip-LoRA keeps its adapter in
+`adapter/` as a standard peft adapter directory. Loading reads safetensors only (never unpickles) and
+refuses a target whose config fingerprint differs from the one the drafter was trained on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, fields
+from pathlib import Path
+
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from decode.protocol import Drafter
+from decode.target import Target
+
+FORMAT_VERSION = 1
+ADAPTER_DIR = "adapter"
+FINGERPRINT_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                    "head_dim", "intermediate_size")
+
+
+def drafter_kinds() -> dict[str, tuple[type, type]]:
+    """kind -> (module class, config dataclass)."""
+    from drafters.eagle import Eagle1, Eagle1Config, Eagle3, Eagle3Config
+    from drafters.layerskip import LayerSkip, LayerSkipConfig
+    from drafters.medusa import Medusa, MedusaConfig
+
+    return {"eagle1": (Eagle1, Eagle1Config), "eagle3": (Eagle3, Eagle3Config), "medusa": (Medusa, MedusaConfig),
+            "layerskip": (LayerSkip, LayerSkipConfig)}
+
+
+def target_fingerprint(target: Target) -> dict:
+    """The target facts a drafter's weights depend on: sizes, vocabulary, depth, rope base."""
+    c = target.config
+    fp = {k: getattr(c, k, None) for k in FINGERPRINT_KEYS}
+    fp["head_dim"] = fp["head_dim"] or c.hidden_size // c.num_attention_heads
+    fp["vocab_size"] = target.vocab_size
+    rope = getattr(c, "rope_parameters", None) or {}
+    fp["rope_theta"] = float(rope.get("rope_theta", getattr(c, "rope_theta", 0.0)) or 0.0)
+    return fp
+
+
+def fingerprint_mismatch(saved: dict, target: Target) -> list[str]:
+    now = target_fingerprint(target)
+    return [f"{k}: drafter trained for {saved[k]!r}, target has {now.get(k)!r}" for k in saved if saved[k] != now.get(k)]
+
+
+def config_from_dict(cls: type, d: dict):
+    """A config dataclass from json (lists back to tuples); unknown keys are an error naming them."""
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(set(d) - names)
+    if unknown:
+        raise ValueError(f"{cls.__name__}: unknown keys {unknown} (valid: {sorted(names)})")
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
+
+def save_drafter(module: nn.Module, out_dir: str | os.PathLike, recipe: dict | None = None,
+                 target_id: str | None = None) -> Path:
+    """Write a native checkpoint atomically: build it in a temp dir next to out_dir, then rename into place."""
+    out = Path(out_dir)
+    kinds = drafter_kinds()
+    if getattr(module, "kind", None) not in kinds:
+        raise TypeError(f"{type(module).__name__} is not a draftsmith drafter module ({sorted(kinds)})")
+    target = module.target
+    cfg = module.config
+    meta = {
+        "draftsmith_drafter": module.kind,
+        "format_version": FORMAT_VERSION,
+        "config": asdict(cfg),
+        "target": {"name_or_path": target_id or getattr(target, "name_or_path", None),
+                   "fingerprint": target_fingerprint(target)},
+        "capture_ids": list(getattr(cfg, "capture_ids", ())) or None,
+        "draft_vocab_size": getattr(cfg, "draft_vocab_size", None),
+        "recipe": recipe,
+    }
+    state = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items() if not k.startswith("lora.")}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        (tmp / "config.json").write_text(json.dumps(meta, indent=2) + "\n")
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        if hasattr(module, "lora"):
+            module.save_adapter(tmp / ADAPTER_DIR)
+        old = None
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            out.rename(old)
+        tmp.rename(out)
+        if old is not None:
+            shutil.rmtree(old)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def read_meta(ckpt_dir: str | os.PathLike) -> dict | None:
+    """config.json of a native checkpoint, or None when the directory is not one."""
+    p = Path(ckpt_dir) / "config.json"
+    if not p.is_file():
+        return None
+    meta = json.loads(p.read_text())
+    return meta if isinstance(meta, dict) and "draftsmith_drafter" in meta else None
+
+
+def load_drafter(ckpt_dir: str | os.PathLike, target: Target) -> nn.Module:
+    """The trained module from a native checkpoint, on `target` (refused when its fingerprint differs)."""
+    path = Path(ckpt_dir)
+    meta = read_meta(path)
+    if meta is None:
+        raise ValueError(f"{path} is not a native draftsmith checkpoint (no config.json with 'draftsmith_drafter')")
+    kinds = drafter_kinds()
+    kind = meta["draftsmith_drafter"]
+    if kind not in kinds:
+        raise ValueError(f"{path}: drafter kind {kind!r} unknown to this version ({sorted(kinds)})")
+    if meta.get("format_version", 0) > FORMAT_VERSION:
+        raise ValueError(f"{path}: checkpoint format {meta['format_version']} is newer than this version's {FORMAT_VERSION}")
+    problems = fingerprint_mismatch(meta["target"]["fingerprint"], target)
+    if problems:
+        raise ValueError(f"{path} was trained for another target ({meta['target'].get('name_or_path')}):\n  "
+                         + "\n  ".join(problems) + "\nload it with the target it was trained on")
+    cls, cfg_cls = kinds[kind]
+    module = cls(target, config_from_dict(cfg_cls, meta["config"]))
+    weights = path / "model.safetensors"
+    if not weights.is_file():
+        raise FileNotFoundError(f"{path}: model.safetensors is missing")
+    state = load_file(str(weights), device=str(target.device))
+    expected = {k: v for k, v in module.state_dict().items() if not k.startswith("lora.")}
+    missing, extra = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    if missing or extra:
+        raise ValueError(f"{weights}: keys do not match a {kind} drafter of this config "
+                         f"(missing {missing[:5]}, unexpected {extra[:5]})")
+    bad = [f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}" for k, v in expected.items() if state[k].shape != v.shape]
+    if bad:
+        raise ValueError(f"{weights}: tensor shapes differ from the config's: {bad[:5]}")
+    module.load_state_dict(state, strict=False)
+    if hasattr(module, "lora"):
+        module.load_adapter(path / ADAPTER_DIR)
+    return module.eval()
+
+
+def load_as_drafter(target: Target, path: Path) -> Drafter | None:
+    """registry.DIR_LOADERS entry: a native checkpoint directory -> its decode-time drafter (None if not native)."""
+    if read_meta(path) is None:
+        return None
+    return load_drafter(path, target).drafter(name=str(path))

@@ -1,0 +1,204 @@
+"""Drafter losses, LayerSkip's exit-loss scales and curricula, and the eval accuracy, as small pure functions.
+
+Conventions (the batch contract): tensors are position-aligned [B, T, ...]. P_t is the target's
+next-token distribution at position t (it predicts token t+1); a loss predicting token t+1 from
+position t counts where loss_mask[:, t+1] is set, so `next_valid(batch)[b, t]` = loss_mask[b, t+1].
+A drafter row t that predicts k tokens ahead reads its targets with `ahead(x, k)` (x[:, t+k]).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+# --- alignment ------------------------------------------------------------------------------
+
+
+def ahead(x: Tensor, k: int, fill: float | bool | int = 0) -> Tensor:
+    """x[:, t + k] at row t, `fill` past the end. [B, T, ...] -> [B, T, ...]"""
+    if k == 0:
+        return x
+    out = torch.full_like(x, fill)
+    if k < x.shape[1]:
+        out[:, : x.shape[1] - k] = x[:, k:]
+    return out
+
+
+def next_valid(batch: dict) -> Tensor:
+    """[B, T] bool: position t's next-token prediction is trained (loss_mask and attention at t+1)."""
+    m = batch["loss_mask"].bool() & batch["attention_mask"].bool()
+    return ahead(m, 1, False)
+
+
+# --- per-position losses ([..., V] -> [...]) --------------------------------------------------
+
+
+def soft_ce(logits: Tensor, probs: Tensor) -> Tensor:
+    """Cross-entropy against a soft target distribution: -sum_v p(v) log q(v)."""
+    return -(probs * torch.log_softmax(logits.float(), dim=-1)).sum(-1)
+
+
+def kl_to(logits: Tensor, probs: Tensor) -> Tensor:
+    """KL(p || q) of the drafter's q = softmax(logits) from the target's p (0 where they agree)."""
+    logq = torch.log_softmax(logits.float(), dim=-1)
+    return (torch.xlogy(probs, probs) - probs * logq).sum(-1)
+
+
+def hard_ce(logits: Tensor, labels: Tensor) -> Tensor:
+    """Cross-entropy against token labels [...]."""
+    return F.cross_entropy(logits.float().flatten(0, -2), labels.flatten(), reduction="none").view(labels.shape)
+
+
+def smooth_l1(pred: Tensor, target: Tensor) -> Tensor:
+    """EAGLE-1's feature regression, averaged over the feature dim. [..., D] -> [...]"""
+    return F.smooth_l1_loss(pred.float(), target.float(), reduction="none").mean(-1)
+
+
+def masked_mean(x: Tensor, valid: Tensor) -> Tensor:
+    """Mean of x [B, T] over valid [B, T] rows (0 when none is valid, still differentiable)."""
+    v = valid.to(x.dtype)
+    return (x * v).sum() / v.sum().clamp(min=1.0)
+
+
+def step_weights(n: int, decay: float = 0.8) -> list[float]:
+    """decay^k for k = 0..n-1: later draft positions count less (EAGLE-3's TTT, Medusa's heads)."""
+    return [decay**k for k in range(n)]
+
+
+# --- the target's distribution ----------------------------------------------------------------
+
+
+def target_distribution(batch: dict, lm_head: torch.nn.Linear, num_layers: int,
+                        vocab_ids: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """P_t over the vocabulary (or the sub-vocabulary `vocab_ids`, renormalised) and the target's argmax.
+
+    From the batch's top-k (`topk_ids`/`topk_probs` [B, T, k]) when present, else softmax of the
+    frozen LM head on hidden[num_layers] (post-norm). Returns probs [B, T, V'] and argmax [B, T]
+    (full-vocabulary ids, which may fall outside `vocab_ids`).
+    """
+    if "topk_ids" in batch:
+        ids, p = batch["topk_ids"].long(), batch["topk_probs"].float()
+        argmax = ids.gather(-1, p.argmax(-1, keepdim=True)).squeeze(-1)
+        dense = torch.zeros(*ids.shape[:2], lm_head.weight.shape[0], dtype=torch.float32, device=ids.device).scatter_(-1, ids, p)
+    else:
+        h = batch["hidden"][num_layers]
+        with torch.no_grad():
+            logits = lm_head(h.to(lm_head.weight.dtype)).float()  # [B, T, V]
+        argmax = logits.argmax(-1)
+        if vocab_ids is not None:
+            logits = logits[..., vocab_ids]
+        return torch.softmax(logits, dim=-1), argmax
+    if vocab_ids is not None:
+        dense = dense[..., vocab_ids]
+    return dense / dense.sum(-1, keepdim=True).clamp(min=1e-12), argmax
+
+
+# --- LayerSkip: exit-loss scales and curricula ---------------------------------------------------
+
+# Scale of exit E (E = layers run before the exit, i.e. LayerSkip's layer index + 1), before normalising.
+EXIT_SCALES: dict[str, Callable[[Tensor], Tensor]] = {
+    "uniform": torch.ones_like,
+    "linear": lambda e: e,
+    "sum": lambda e: torch.cumsum(e, 0),
+    "sqrt": torch.sqrt,
+    "inv": torch.reciprocal,
+    "inv_sqrt": torch.rsqrt,
+}
+
+
+def exit_loss_scales(exits: Sequence[int], kind: str = "sum", active: Sequence[bool] | None = None) -> list[float]:
+    """LayerSkip's per-exit loss scales over the active exits, normalised to sum 1 (inactive exits: 0).
+
+    All our exits are early exits of a frozen target, so LayerSkip's e_scale (which scales the early
+    exits against the last layer) cancels in the normalisation and is not a parameter here.
+    """
+    if kind not in EXIT_SCALES:
+        raise ValueError(f"exit loss scale {kind!r} not one of {sorted(EXIT_SCALES)}")
+    active = [True] * len(exits) if active is None else list(active)
+    e = torch.tensor([float(x) for x, a in zip(exits, active) if a])
+    if e.numel() == 0:
+        return [0.0] * len(exits)
+    s = EXIT_SCALES[kind](e)
+    s = (s / s.sum()).tolist()
+    it = iter(s)
+    return [next(it) if a else 0.0 for a in active]
+
+
+def rotational_curriculum(step: int, n: int, every: int = 2) -> list[bool]:
+    """LayerSkip's rotation: the initial pattern (every `every`-th exit on) rolled one exit per step.
+
+    The deepest exit stays on (LayerSkip always trains its last layer), so no step is empty.
+    """
+    initial = [i % every == 0 for i in range(n)]
+    on = [initial[(i - step) % n] for i in range(n)]
+    on[-1] = True
+    return on
+
+
+def gradual_curriculum(step: int, n: int, max_steps: int, fraction: float = 0.5) -> list[bool]:
+    """LayerSkip's gradual schedule: exit i (shallow first) joins once step/max_steps >= fraction*(n-i)/n.
+
+    Deep exits join first; all are on from step = fraction * max_steps. The deepest is always on.
+    """
+    done = step / max(1, max_steps)
+    on = [done >= fraction * (n - i) / n for i in range(n)]
+    on[-1] = True
+    return on
+
+
+def exit_curriculum(kind: str, step: int, n: int, max_steps: int = 1000, every: int = 2,
+                    fraction: float = 0.5) -> list[bool]:
+    """Which of n exits (shallow first) train at `step`: `none` (all), `rotational` or `gradual`."""
+    if kind == "none":
+        return [True] * n
+    if kind == "rotational":
+        return rotational_curriculum(step, n, every)
+    if kind == "gradual":
+        return gradual_curriculum(step, n, max_steps, fraction)
+    raise ValueError(f"exit curriculum {kind!r} not one of ['gradual', 'none', 'rotational']")
+
+
+# --- evaluation --------------------------------------------------------------------------------
+
+
+def conditional_accuracy(correct: Sequence[Tensor], valid: Sequence[Tensor]) -> list[float]:
+    """Top-1 accuracy per draft position k = 1..K, conditional on positions 1..k-1 being right.
+
+    correct[k], valid[k]: [B, T] bool per root row. Position k counts rows valid at every position
+    <= k whose earlier positions were all right, so prod_{j<=k} acc_j is the chance the first k
+    draft tokens are all accepted, and the simulated chain τ is 1 + sum_k prod_{j<=k} acc_j.
+    """
+    out = []
+    ok = torch.ones_like(correct[0], dtype=torch.bool)
+    seen = torch.ones_like(correct[0], dtype=torch.bool)
+    for c, v in zip(correct, valid):
+        seen = seen & v.bool()
+        denom = int((seen & ok).sum())
+        ok = ok & c.bool()
+        out.append(int((seen & ok).sum()) / denom if denom else 0.0)
+    return out
+
+
+def simulated_chain_tau(accuracy: Sequence[float]) -> float:
+    """1 + sum_k prod_{j<=k} acc_j: the expected tokens per target pass of a chain this deep."""
+    tau, run = 1.0, 1.0
+    for a in accuracy:
+        run *= a
+        tau += run
+    return tau
+
+
+def loss_metrics(name: str, values: Sequence[Tensor]) -> dict[str, float]:
+    """{name_1: v_1, ...} as floats for logging (positions counted from 1)."""
+    return {f"{name}_{k + 1}": float(v.detach()) for k, v in enumerate(values)}
+
+
+def layer_dropout_rates(n: int, p_max: float) -> list[float]:
+    """LayerSkip's layer-dropout schedule over n layers: p_l = p_max * (exp(l ln2 / (n-1)) - 1), 0 at l = 0."""
+    if n <= 1:
+        return [0.0] * n
+    return [p_max * (math.exp(i * math.log(2) / (n - 1)) - 1) for i in range(n)]
