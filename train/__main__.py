@@ -45,6 +45,8 @@ def run(recipe) -> int:
     from train.features import Dist, load_target
     from train.loop import train
 
+    if not recipe.drafter.kind:
+        raise ValueError("drafter.kind is not set: choose eagle3 | eagle1 | medusa | layerskip (e.g. drafter.kind=eagle3)")
     # 1. processes first: CPU ranks need cpu=True; DeepSpeed on CPU needs gloo (DESIGN §7).
     cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes") or not torch.cuda.is_available()
     kwargs = {"backend": "gloo"} if cpu and os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true" else {"cpu": cpu}

@@ -40,7 +40,7 @@ class ConfigError(ValueError):
 class DrafterSection:
     """The drafter to train: `kind` picks one of the sections below; only that section is used."""
 
-    kind: Literal["eagle3", "eagle1", "medusa", "layerskip"] = "eagle3"  # drafter family
+    kind: Literal["", "eagle3", "eagle1", "medusa", "layerskip"] = ""  # drafter family ("" = none: features only)
     eagle3: Eagle3Config = field(default_factory=Eagle3Config)  # EAGLE-3 settings
     eagle1: Eagle1Config = field(default_factory=Eagle1Config)  # EAGLE-1 settings
     medusa: MedusaConfig = field(default_factory=MedusaConfig)  # Medusa settings
@@ -79,6 +79,12 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> Recipe:
 
 def with_feature_ids(recipe: Recipe, num_layers: int) -> Recipe:
     """Fill `features.hidden_ids` from the drafter (when empty) or check it holds what the drafter needs."""
+    if not recipe.drafter.kind:
+        if not recipe.features.hidden_ids:
+            raise ConfigError("features.hidden_ids is empty and no drafter.kind is set: name the drafter "
+                              "(drafter.kind=eagle3|eagle1|medusa|layerskip) or list the hidden-state ids "
+                              "(0 = embeddings, i = layer i output, L = final normed state), e.g. features.hidden_ids=[2,3,5]")
+        return recipe
     need = sorted(recipe.drafter.selected().feature_ids(num_layers))
     have = list(recipe.features.hidden_ids)
     if not have:
@@ -195,6 +201,11 @@ def convert(value: Any, tp: Any, dotted: str, where: str) -> Any:
             raise bad
         return dict(value)
     if tp is float:
+        if isinstance(value, str):  # PyYAML reads 1e-3 (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                raise bad from None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise bad
         return float(value)

@@ -41,16 +41,26 @@ def test_defaults_and_path_defaults(tmp_path):
     assert r.name == "my_recipe" and r.run_dir == "runs/my_recipe"
     assert r.features.cache_dir == "runs/my_recipe/features"
     assert r.data.regenerate.out_dir == "runs/my_recipe/regen"
-    assert r.drafter == {} and r.train == {}
+    assert r.drafter.kind == "" and r.train.steps == 1000
 
 
-def test_overrides_nested_lists_and_free_dicts(tmp_path):
+def test_typed_drafter_and_train_sections(tmp_path):
+    r = load_recipe(write(tmp_path, "target: t\ndrafter:\n  kind: medusa\n  medusa:\n    num_heads: 3\n"),
+                    ["train.lr=1e-3", "drafter.layerskip.exits=[1, 2]"])
+    assert r.drafter.selected().num_heads == 3 and r.train.lr == 1e-3 and r.drafter.layerskip.exits == (1, 2)
+    with pytest.raises(ConfigError, match="did you mean 'drafter.medusa.num_heads'"):
+        load_recipe(write(tmp_path, "target: t\n"), ["drafter.medusa.num_head=3"])
+    with pytest.raises(ConfigError, match="must be one of"):
+        load_recipe(write(tmp_path, "target: t\n"), ["drafter.kind=hydra"])
+
+
+def test_overrides_nested_lists_and_typed_sections(tmp_path):
     p = write(tmp_path, "target: m\ndata:\n  max_length: 64\nfeatures:\n  hidden_ids: [1]\n")
     r = load_recipe(p, ["data.max_length=128", "features.hidden_ids=[2, 3]", "data.held_out=0",
-                        "drafter.kind=eagle3", "drafter.heads.n=4", "run_dir=/tmp/x", "data.source=a.jsonl"])
+                        "drafter.kind=eagle3", "drafter.eagle3.ttt_steps=4", "run_dir=/tmp/x", "data.source=a.jsonl"])
     assert r.data.max_length == 128 and r.features.hidden_ids == [2, 3]
     assert r.data.held_out == 0.0 and isinstance(r.data.held_out, float)  # int -> float
-    assert r.drafter == {"kind": "eagle3", "heads": {"n": 4}}
+    assert r.drafter.kind == "eagle3" and r.drafter.eagle3.ttt_steps == 4
     assert r.run_dir == "/tmp/x" and r.features.cache_dir == "/tmp/x/features"
     assert r.data.sources == ["a.jsonl"]
 
