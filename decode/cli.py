@@ -1,0 +1,71 @@
+"""The `draftsmith` console script: one entry point that runs the module CLIs (DESIGN §6).
+
+    draftsmith train RECIPE.yaml [key=value ...]   = python -m train ...
+    draftsmith export ...                          = python -m drafters.export ...
+    draftsmith evaluate ...                        = python -m decode.evaluate ...
+    draftsmith generate ...                        = python -m decode.generate ...
+    draftsmith features RECIPE.yaml                = python -m train.features ...
+    draftsmith doctor DRAFTER_DIR --target MODEL   = python -m drafters.doctor ...
+
+Each subcommand runs its module exactly as `python -m` would (runpy), so the two spellings can
+never drift apart.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import runpy
+import sys
+
+COMMANDS = {
+    "train": "train",
+    "export": "drafters.export",
+    "evaluate": "decode.evaluate",
+    "generate": "decode.generate",
+    "features": "train.features",
+    "doctor": "drafters.doctor",
+}
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    rows = "\n".join(f"  {c:<{width}}  python -m {m}" for c, m in COMMANDS.items())
+    return f"usage: draftsmith <command> [args ...]\n\ncommands:\n{rows}\n\n`draftsmith <command> --help` for its options."
+
+
+def module_available(module: str) -> bool:
+    """True when `python -m module` would find something to run (a module, or a package with __main__)."""
+    try:
+        spec = importlib.util.find_spec(module)
+        if spec is not None and spec.submodule_search_locations is not None:  # a package: needs __main__
+            spec = importlib.util.find_spec(f"{module}.__main__")
+    except ModuleNotFoundError:  # a missing parent package
+        return False
+    return spec is not None
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    if cmd not in COMMANDS:
+        print(f"draftsmith: unknown command {cmd!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module = COMMANDS[cmd]
+    if not module_available(module):
+        print(f"draftsmith {cmd}: not yet available (module {module} is not part of this version)", file=sys.stderr)
+        return 1
+    sys.argv = [f"draftsmith {cmd}", *rest]  # what the module's argparse reads, as under `python -m`
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as e:  # module CLIs end with sys.exit(main())
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
