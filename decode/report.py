@@ -201,11 +201,13 @@ def plot(report: dict, out: Path) -> list[Path]:
     figs = []
 
     fig, ax = plt.subplots(figsize=(max(5, 0.9 * len(ds) + 2), 4))
-    ax.bar([d["name"] for d in ds], [d["mean_accepted_tokens"] for d in ds], color="tab:blue")
+    bars = ax.bar([d["name"] for d in ds], [d["mean_accepted_tokens"] for d in ds],
+                  color=["tab:gray" if d["kind"] == "hf" else "tab:blue" for d in ds])
+    ax.bar_label(bars, fmt="%.2f", fontsize=8)
     ax.axhline(1.0, color="gray", lw=0.8, ls="--")
     ax.set_ylabel("τ (tokens per target pass)")
-    ax.set_title("Mean accepted tokens per target pass")
-    ax.tick_params(axis="x", rotation=30)
+    ax.set_title("Mean accepted tokens per target pass (gray: HF peers)")
+    plt.setp(ax.get_xticklabels(), rotation=30, ha="right")
     figs.append((fig, "tau.png"))
 
     fig, ax = plt.subplots(figsize=(6, 4))

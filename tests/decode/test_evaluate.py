@@ -219,3 +219,22 @@ def test_hf_prompt_lookup_peer_is_lossless(stories):
     ref = ar.run(ids, 16, SamplingConfig(), 0)
     assert got.tokens == ref.tokens
     assert got.stats.target_passes < ref.stats.target_passes and got.stats.drafter_passes == 0
+
+
+def test_draft_model_peers_match_early_exit(stories, tmp_path):
+    """A separate draft model = the target's first 2 layers (saved truncated) drafts what early-exit:2 drafts."""
+    from decode.target import load_model
+
+    model = load_model(STORIES)
+    model.model.layers = model.model.layers[:2]
+    model.config.num_hidden_layers = 2
+    model.save_pretrained(tmp_path)
+    stories.tokenizer.save_pretrained(tmp_path)
+    ids = stories.tokenizer("Sam had a red ball.", return_tensors="pt").input_ids[0]
+    cfg, greedy = EvalConfig(draft_len=3), SamplingConfig()
+    ref = make_run("early-exit:2", stories, cfg).run(ids, 16, greedy, 0)
+    assert ref.tokens == make_run("ar", stories, cfg).run(ids, 16, greedy, 0).tokens
+    for spec in (f"hf-assisted:draft-model:{tmp_path}", f"draft-model:{tmp_path}"):
+        got = make_run(spec, stories, cfg).run(ids, 16, greedy, 0)
+        assert got.tokens == ref.tokens, spec
+        assert got.stats.target_passes == ref.stats.target_passes and got.stats.drafter_passes > 0, spec
