@@ -87,9 +87,11 @@ def test_hf_peers_count_tau_with_hooks(run):
     hf = ds["hf-generate"]
     assert hf["kind"] == "hf" and hf["mean_accepted_tokens"] == 1.0 and hf["drafter_forward_passes"] == 0
     assert hf["time_split_s"] is None and hf["cost_model"] is None
-    # HF's early exit drafts the same greedy chain of first-2-layer tokens as ours: same passes, same τ
+    # HF's early exit drafts the same greedy chain of first-2-layer tokens as ours, so the passes agree,
+    # except that HF drafts before its prefill (its first pass verifies prompt + draft): up to one
+    # pass fewer per prompt
     ours, theirs = ds["early-exit:2"], ds["hf-assisted:early-exit:2"]
-    assert theirs["target_forward_passes"] == ours["target_forward_passes"]
+    assert ours["target_forward_passes"] - 4 <= theirs["target_forward_passes"] <= ours["target_forward_passes"]
     assert theirs["drafter_forward_passes"] > 0
 
 
@@ -234,7 +236,9 @@ def test_draft_model_peers_match_early_exit(stories, tmp_path):
     cfg, greedy = EvalConfig(draft_len=3), SamplingConfig()
     ref = make_run("early-exit:2", stories, cfg).run(ids, 16, greedy, 0)
     assert ref.tokens == make_run("ar", stories, cfg).run(ids, 16, greedy, 0).tokens
-    for spec in (f"hf-assisted:draft-model:{tmp_path}", f"draft-model:{tmp_path}"):
+    for spec, saved in ((f"draft-model:{tmp_path}", 0), (f"hf-assisted:draft-model:{tmp_path}", 1)):
         got = make_run(spec, stories, cfg).run(ids, 16, greedy, 0)
         assert got.tokens == ref.tokens, spec
-        assert got.stats.target_passes == ref.stats.target_passes and got.stats.drafter_passes > 0, spec
+        # HF may save one pass: it drafts before its prefill
+        assert ref.stats.target_passes - saved <= got.stats.target_passes <= ref.stats.target_passes, spec
+        assert got.stats.drafter_passes > 0, spec
