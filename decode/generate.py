@@ -130,10 +130,11 @@ def truncate(tokens: list[int], room: int, eos_ids: set[int]) -> list[int]:
     return out
 
 
-def encode_prompt(target: Target, text: str) -> Tensor:
+def encode_prompt(target: Target, text: str, add_special_tokens: bool = True) -> Tensor:
+    """Token ids [T]; add_special_tokens=False for text already rendered by a chat template."""
     if target.tokenizer is None:
         raise ValueError(f"{target.name_or_path} has no tokenizer: cannot encode a text prompt")
-    ids = target.tokenizer(text, return_tensors="pt").input_ids[0]
+    ids = target.tokenizer(text, return_tensors="pt", add_special_tokens=add_special_tokens).input_ids[0]
     if ids.numel() == 0:
         raise ValueError("the prompt encodes to no tokens")
     return ids

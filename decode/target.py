@@ -76,15 +76,19 @@ class KVCache:
 
         Used after verification: the accepted root-to-node path of a tree is moved into place.
         """
-        m = keep.numel()
+        idx = keep.tolist()
+        m = len(idx)
+        # AR rounds and accepted chain prefixes keep 0..m-1: already in place, a crop is enough
+        in_place = idx == list(range(m))
         for i, n in enumerate(self.lens):
             if n <= start:
                 continue
-            src = keep.to(self.keys[i].device) + start
-            if int(src.max()) >= n:
-                raise IndexError(f"layer {i}: cannot keep position {int(src.max())} of {n} cached tokens")
-            for buf in (self.keys[i], self.values[i]):
-                buf[:, :, start : start + m] = buf[:, :, src]
+            if start + max(idx, default=-1) >= n:
+                raise IndexError(f"layer {i}: cannot keep position {start + max(idx)} of {n} cached tokens")
+            if not in_place:
+                src = keep.to(self.keys[i].device) + start
+                for buf in (self.keys[i], self.values[i]):
+                    buf[:, :, start : start + m] = buf[:, :, src]
             self.lens[i] = start + m
 
 

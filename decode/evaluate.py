@@ -1,0 +1,190 @@
+"""`python -m decode.evaluate`: several drafters on the same prompts, against the AR reference.
+
+    python -m decode.evaluate --target MODEL_DIR --drafter SPEC [--drafter SPEC ...] --prompts FILE \
+        [--max-new-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S] [--tree ...] \
+        [--draft-len K] [--policy ...] [--target-pass-s S ...] [--limit N] --out DIR
+
+1. load the target and the prompt file (decode.prompts);
+2. decode every prompt with `ar` first (the reference for `matches_ar` and `speedup_vs_ar`), then
+   with each drafter SPEC in turn: our drafters through `decode.generate.generate`, HF peers
+   (`hf-...`, decode.hf_peers) through HF `generate()`; multi-turn prompts turn by turn, each run
+   feeding its own answers forward;
+3. write report.json, report.md and PNG plots to --out (decode.report).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import asdict, dataclass, field
+from typing import Protocol
+
+import torch
+from torch import Tensor
+from tqdm import tqdm
+
+from decode.generate import Generation, add_decode_args, encode_prompt, generate
+from decode.hf_peers import HF_FORMS, is_hf_spec, make_hf_peer
+from decode.policies import make_policy
+from decode.prompts import Conversation, answer_text, load_prompts, render_turn
+from decode.report import SpecRun, TurnResult, build_report, write_report
+from decode.sampling import SamplingConfig
+from decode.target import Target
+from decode.tree import parse_shape
+
+DEFAULT_PASS_COSTS = [20.0, 0.025]  # a 14B target streamed from disk; the same on a GPU
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Settings every run in one evaluation shares."""
+
+    max_new_tokens: int = 128
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    tree: str = "chain"  # chain | static:FILE | dynamic:topk=..,depth=..,nodes=..
+    draft_len: int = 8
+    policy: str = "fixed"
+    seed: int = 0  # turn i is decoded with seed + i in every run
+    warmup: bool = True  # one short untimed generation per run first (lazy init, allocator warm-up)
+
+
+class Runner(Protocol):
+    """Decodes one prompt: our decoder with a drafter (DecoderRun) or an HF peer (decode.hf_peers.HFPeer)."""
+
+    name: str
+    kind: str
+
+    def run(self, prompt_ids: Tensor, max_new_tokens: int, sampling: SamplingConfig, seed: int) -> Generation: ...
+
+
+class DecoderRun:
+    """Our decoder with one drafter (SPEC resolved by drafters.registry)."""
+
+    kind = "draftsmith"
+
+    def __init__(self, spec: str, target: Target, cfg: EvalConfig) -> None:
+        from drafters.registry import make_drafter
+
+        self.target, self.cfg = target, cfg
+        self.drafter = make_drafter(spec, target)
+        self.name = self.drafter.name
+        self.shape = parse_shape(cfg.tree, cfg.draft_len)
+        self.policy = make_policy(cfg.policy)
+
+    def run(self, prompt_ids: Tensor, max_new_tokens: int, sampling: SamplingConfig, seed: int) -> Generation:
+        return generate(self.target, self.drafter, prompt_ids, max_new_tokens, sampling, self.shape, self.policy,
+                        seed)
+
+
+def make_run(spec: str, target: Target, cfg: EvalConfig) -> Runner:
+    """A DecoderRun or an HFPeer for this SPEC (an unknown SPEC lists both sets of valid forms)."""
+    if is_hf_spec(spec):
+        return make_hf_peer(spec, target, cfg.draft_len)
+    try:
+        return DecoderRun(spec, target, cfg)
+    except ValueError as e:
+        if "unknown drafter SPEC" in str(e):
+            raise ValueError(f"{e}\n  " + "\n  ".join(HF_FORMS) + "  (HF peers, evaluate only)") from None
+        raise
+
+
+def run_spec(runner: Runner, target: Target, convs: list[Conversation], cfg: EvalConfig, spec: str = "",
+             progress: bool = True) -> SpecRun:
+    """Decode every turn of every conversation with one runner (a DecoderRun or an HFPeer)."""
+    tok = target.tokenizer
+    if cfg.warmup and convs:
+        text, special = render_turn(tok, convs[0].turns, [])
+        runner.run(encode_prompt(target, text, special), min(8, cfg.max_new_tokens), cfg.sampling, cfg.seed)
+    turns: list[TurnResult] = []
+    bar = tqdm(total=sum(len(c.turns) for c in convs), desc=runner.name, unit="turn", disable=not progress,
+               file=sys.stderr, dynamic_ncols=True)
+    for conv in convs:
+        answers: list[str] = []
+        for k in range(len(conv.turns)):
+            text, special = render_turn(tok, conv.turns, answers)
+            ids = encode_prompt(target, text, special)
+            gen = runner.run(ids, cfg.max_new_tokens, cfg.sampling, cfg.seed + len(turns))
+            turns.append(TurnResult(conv.id, conv.category, k, ids.numel(), gen.tokens, gen.stats))
+            answers.append(answer_text(tok, gen.tokens))
+            bar.update(1)
+    bar.close()
+    return SpecRun(runner.name, spec or runner.name, runner.kind, turns)
+
+
+def prepare(target: Target, specs: list[str], cfg: EvalConfig) -> list[tuple[str, Runner]]:
+    """(spec, runner) for `ar` then each SPEC (duplicates and an explicit `ar` dropped).
+
+    Every SPEC is resolved before anything runs, so a bad one fails in seconds, not after the others.
+    """
+    ordered = list(dict.fromkeys(["ar", *specs]))
+    return [(spec, make_run(spec, target, cfg)) for spec in ordered]
+
+
+def evaluate(target: Target, runners: list[tuple[str, Runner]], convs: list[Conversation], cfg: EvalConfig,
+             pass_costs: list[float] = DEFAULT_PASS_COSTS, meta: dict | None = None, progress: bool = True) -> dict:
+    """Run every (spec, runner) from `prepare` on the same prompts -> the report.json dict (runners[0] = AR)."""
+    runs = [run_spec(runner, target, convs, cfg, spec, progress) for spec, runner in runners]
+    settings = {**(meta or {}), "turns": sum(len(c.turns) for c in convs), "conversations": len(convs),
+                "max_new_tokens": cfg.max_new_tokens, **asdict(cfg.sampling), "tree": cfg.tree,
+                "draft_len": cfg.draft_len, "policy": cfg.policy, "seed": cfg.seed,
+                "torch_threads": torch.get_num_threads()}
+    return build_report(runs, settings, list(pass_costs))
+
+
+def print_table(report: dict, file=sys.stdout) -> None:
+    cols = f"{'drafter':<28} {'tau':>6} {'tok/s':>8} {'vs AR':>6} {'matches':>7}"
+    costs = report["cost_model"]["target_pass_s"]
+    cols += "".join(f" {'@' + format(c, 'g') + 's':>8}" for c in costs)
+    print(cols, file=file)
+    for d in report["drafters"]:
+        m = {True: "yes", False: "NO", None: "-"}[d["matches_ar"]]
+        proj = "".join(f" {r['speedup_vs_ar']:>8.2f}" for r in d["cost_model"]) if d["cost_model"] else \
+            "".join(f" {'-':>8}" for _ in costs)
+        print(f"{d['name']:<28} {d['mean_accepted_tokens']:>6.3f} {d['tokens_per_s']:>8.1f} "
+              f"{d['speedup_vs_ar']:>6.2f} {m:>7}{proj}", file=file)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m decode.evaluate", description=__doc__.splitlines()[0])
+    add_decode_args(ap)
+    ap.add_argument("--drafter", action="append", required=True, metavar="SPEC",
+                    help="drafter SPEC (repeatable); also HF peers: " + ", ".join(HF_FORMS))
+    ap.add_argument("--prompts", required=True, help="Spec-Bench/MT-bench jsonl, {'prompt': ...} jsonl, or text")
+    ap.add_argument("--limit", type=int, default=None, help="only the first N prompts (conversations)")
+    ap.add_argument("--target-pass-s", type=float, nargs="+", default=DEFAULT_PASS_COSTS, metavar="S",
+                    help="target-pass costs (seconds) for the cost model")
+    ap.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up generation per drafter")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch CPU threads (default: torch's choice; 1 is fastest for tiny targets on a busy machine)")
+    ap.add_argument("--out", required=True, help="directory for report.json, report.md and plots")
+    args = ap.parse_args(argv)
+    if args.limit is not None and args.limit < 1:
+        ap.error("--limit must be >= 1")
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # HF assisted generation warns on every drafting call
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    try:
+        cfg = EvalConfig(args.max_new_tokens, SamplingConfig(args.temperature, args.top_k, args.top_p), args.tree,
+                         args.draft_len, args.policy, args.seed, not args.no_warmup)
+        parse_shape(cfg.tree, cfg.draft_len)  # fail on a bad --tree before loading anything
+        make_policy(cfg.policy)
+        convs = load_prompts(args.prompts, args.limit)
+        target = Target.load(args.target, dtype=args.dtype, attn=args.attn)
+        runners = prepare(target, args.drafter, cfg)
+    except (ValueError, FileNotFoundError) as e:  # bad input: say what to fix, no traceback
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    meta = {"target": args.target, "prompts": args.prompts, "dtype": args.dtype, "attn": args.attn}
+    report = evaluate(target, runners, convs, cfg, args.target_pass_s, meta)
+    paths = write_report(report, args.out)
+    print_table(report)
+    print(f"wrote {', '.join(str(p) for p in paths)}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

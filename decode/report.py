@@ -1,0 +1,257 @@
+"""The evaluation report: report.json (DESIGN §6), report.md and PNG plots, plus the cost model.
+
+Everything here is a pure function of the per-turn results `decode.evaluate` collects, except
+the writers, which write each file atomically (temp file in the same directory + rename) so an
+interrupted run never leaves a half-written report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from decode.metrics import GenStats
+
+COST_FORMULA = ("time_per_token = (T + d) / tau, speedup_vs_ar = (T + d_ar) / time_per_token, where T is the "
+                "given target-pass cost in seconds, tau the measured mean accepted tokens per target pass, "
+                "d = (draft_s + commit_s) / target_forward_passes the measured drafting and bookkeeping seconds "
+                "per target pass on this machine, and d_ar the same for the AR run; assumes one target pass costs T "
+                "whatever the draft size (memory-bound target)")
+PLOTS = ("tau.png", "acceptance_by_depth.png", "accepted_lengths.png")
+
+
+@dataclass
+class TurnResult:
+    """One generation: which conversation turn, its prompt length, the emitted tokens and statistics."""
+
+    id: str
+    category: str
+    turn: int
+    prompt_tokens: int
+    tokens: list[int]
+    stats: GenStats
+
+
+@dataclass
+class SpecRun:
+    """All turns one SPEC decoded; kind is "draftsmith" (our decoder) or "hf" (an HF peer)."""
+
+    name: str
+    spec: str
+    kind: str
+    turns: list[TurnResult]
+
+
+# --- the numbers ------------------------------------------------------------------------
+
+
+def total_stats(turns: list[TurnResult]) -> GenStats:
+    out = GenStats()
+    for t in turns:
+        out = out.merge(t.stats)
+    return out
+
+
+def overhead_per_pass(stats: GenStats) -> float:
+    """d: seconds per target pass spent outside the target's verification pass (draft + commit)."""
+    return (stats.draft_s + stats.commit_s) / stats.target_passes if stats.target_passes else 0.0
+
+
+def cost_model(tau: float, d: float, d_ar: float, pass_costs: list[float]) -> list[dict]:
+    """Projected time per token and speedup vs AR at each target-pass cost T (see COST_FORMULA)."""
+    rows = []
+    for T in pass_costs:
+        per_token = (T + d) / tau if tau > 0 else float("inf")
+        rows.append({"target_pass_s": T, "draft_s_per_pass": d, "time_per_token_s": per_token,
+                     "speedup_vs_ar": (T + d_ar) / per_token})
+    return rows
+
+
+def histogram(values: list[int]) -> list[int]:
+    """counts[i] = how many values equal i."""
+    counts = [0] * (max(values, default=-1) + 1)
+    for v in values:
+        counts[v] += 1
+    return counts
+
+
+def group_row(turns: list[TurnResult], matches: list[bool] | None) -> dict:
+    """Summed counts over some turns (a category, a whole run); the ratios follow from the sums."""
+    s = total_stats(turns)
+    return {"prompts": len(turns), "new_tokens": s.new_tokens, "target_forward_passes": s.target_passes,
+            "drafter_forward_passes": s.drafter_passes, "wall_time_s": s.wall_s,
+            "mean_accepted_tokens": s.tau, "tokens_per_s": s.tokens_per_s,
+            "matches_ar": None if matches is None else all(matches)}
+
+
+def drafter_entry(run: SpecRun, ar: SpecRun, greedy: bool, pass_costs: list[float]) -> dict:
+    """One drafter's block of report.json."""
+    s, s_ar = total_stats(run.turns), total_stats(ar.turns)
+    matches = [t.tokens == a.tokens for t, a in zip(run.turns, ar.turns)] if greedy else None
+    ours = run.kind == "draftsmith"
+    entry = {"name": run.name, "spec": run.spec, "kind": run.kind, **s.summary()}
+    entry["speedup_vs_ar"] = s.tokens_per_s / s_ar.tokens_per_s if s_ar.tokens_per_s else 0.0
+    entry["matches_ar"] = None if matches is None else all(matches)
+    if ours:
+        entry["accepted_length_histogram"] = histogram(s.accepted_lengths)
+        entry["cost_model"] = cost_model(s.tau, overhead_per_pass(s), overhead_per_pass(s_ar), pass_costs)
+    else:  # HF peers: passes are counted with hooks, the per-round detail is not observable
+        for key in ("acceptance_by_depth", "mean_draft_nodes", "time_split_s"):
+            entry[key] = None
+        entry["accepted_length_histogram"] = None
+        entry["cost_model"] = None
+    categories: dict[str, list[int]] = {}
+    for i, t in enumerate(run.turns):
+        categories.setdefault(t.category, []).append(i)
+    entry["per_category"] = {c: group_row([run.turns[i] for i in idx], None if matches is None else
+                                          [matches[i] for i in idx]) for c, idx in categories.items()}
+    entry["prompts"] = [{"id": t.id, "category": t.category, "turn": t.turn, "prompt_tokens": t.prompt_tokens,
+                         **group_row([t], None if matches is None else [matches[i]])}
+                        for i, t in enumerate(run.turns)]
+    for row in entry["prompts"]:
+        del row["prompts"]
+    return entry
+
+
+def build_report(runs: list[SpecRun], settings: dict, pass_costs: list[float]) -> dict:
+    """report.json: settings, the cost-model formula, and one entry per run (runs[0] is the AR reference)."""
+    ar = runs[0]
+    greedy = settings.get("temperature", 0.0) == 0.0
+    return {"settings": settings, "cost_model": {"formula": COST_FORMULA, "target_pass_s": pass_costs},
+            "drafters": [drafter_entry(r, ar, greedy, pass_costs) for r in runs]}
+
+
+# --- writing ----------------------------------------------------------------------------
+
+
+def atomic_write(path: Path, write: Callable[[str], None]) -> None:
+    """Call write(tmp_path) on a temp file next to `path`, then rename it into place."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_text(path: Path, text: str) -> None:
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+
+
+def fmt(x, spec: str = ".2f") -> str:
+    if x is None:
+        return "–"
+    if isinstance(x, bool):
+        return "yes" if x else "NO"
+    return format(x, spec)
+
+
+def markdown(report: dict) -> str:
+    """report.md: the main table, the cost model, per-category τ, acceptance by depth, the plots."""
+    st, ds = report["settings"], report["drafters"]
+    costs = report["cost_model"]["target_pass_s"]
+    lines = ["# draftsmith evaluation", "",
+             f"target `{st.get('target')}` · prompts `{st.get('prompts')}` ({st.get('turns')} turns) · "
+             f"max_new_tokens {st.get('max_new_tokens')} · temperature {st.get('temperature')} · "
+             f"tree `{st.get('tree')}` · draft_len {st.get('draft_len')} · policy `{st.get('policy')}`", "",
+             "| drafter | τ | tokens/s | speedup vs AR | matches AR | target passes | drafter passes | "
+             "draft / verify / commit s | " + " | ".join(f"proj. speedup @ {c:g} s" for c in costs) + " |",
+             "|---" * (8 + len(costs)) + "|"]
+    for d in ds:
+        split = d["time_split_s"]
+        split_s = " / ".join(f"{split[k]:.2f}" for k in ("draft", "verify", "commit")) if split else "–"
+        proj = [fmt(r["speedup_vs_ar"]) for r in d["cost_model"]] if d["cost_model"] else ["–"] * len(costs)
+        lines.append(f"| {d['name']} | {d['mean_accepted_tokens']:.3f} | {d['tokens_per_s']:.1f} | "
+                     f"{d['speedup_vs_ar']:.2f} | {fmt(d['matches_ar'])} | {d['target_forward_passes']} | "
+                     f"{d['drafter_forward_passes']} | {split_s} | " + " | ".join(proj) + " |")
+    lines += ["", f"Cost model: {report['cost_model']['formula']}.", ""]
+    cats = list(dict.fromkeys(c for d in ds for c in d["per_category"]))
+    lines += ["## τ per category", "", "| drafter | " + " | ".join(cats) + " |", "|---" * (len(cats) + 1) + "|"]
+    for d in ds:
+        row = [fmt(d["per_category"][c]["mean_accepted_tokens"], ".3f") if c in d["per_category"] else "–"
+               for c in cats]
+        lines.append(f"| {d['name']} | " + " | ".join(row) + " |")
+    depth = max((len(d["acceptance_by_depth"] or []) for d in ds), default=0)
+    if depth:
+        lines += ["", "## Acceptance by depth (P(accepted ≥ d | drafted to depth d))", "",
+                  "| drafter | " + " | ".join(f"d{i + 1}" for i in range(depth)) + " |", "|---" * (depth + 1) + "|"]
+        for d in ds:
+            acc = d["acceptance_by_depth"] or []
+            if acc:
+                lines.append(f"| {d['name']} | " + " | ".join(fmt(a) for a in acc) + " |" * (1 + depth - len(acc)))
+    lines += ["", *[f"![{p[:-4]}]({p})" for p in PLOTS], ""]
+    return "\n".join(lines)
+
+
+def plot(report: dict, out: Path) -> list[Path]:
+    """τ per drafter, acceptance by depth, histogram of accepted lengths (PNG, Agg backend)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ds = report["drafters"]
+    drafted = [d for d in ds if d["acceptance_by_depth"]]
+    figs = []
+
+    fig, ax = plt.subplots(figsize=(max(5, 0.9 * len(ds) + 2), 4))
+    bars = ax.bar([d["name"] for d in ds], [d["mean_accepted_tokens"] for d in ds],
+                  color=["tab:gray" if d["kind"] == "hf" else "tab:blue" for d in ds])
+    ax.bar_label(bars, fmt="%.2f", fontsize=8)
+    ax.axhline(1.0, color="gray", lw=0.8, ls="--")
+    ax.set_ylabel("τ (tokens per target pass)")
+    ax.set_title("Mean accepted tokens per target pass (gray: HF peers)")
+    plt.setp(ax.get_xticklabels(), rotation=30, ha="right")
+    figs.append((fig, "tau.png"))
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for d in drafted:
+        acc = d["acceptance_by_depth"]
+        ax.plot(range(1, len(acc) + 1), acc, marker="o", label=d["name"])
+    ax.set_xlabel("draft depth d")
+    ax.set_ylabel("P(accepted ≥ d)")
+    ax.set_ylim(0, 1.05)
+    ax.set_title("Acceptance by depth")
+    if drafted:
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no drafts in this run", ha="center", transform=ax.transAxes)
+    figs.append((fig, "acceptance_by_depth.png"))
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    width = 0.8 / max(1, len(drafted))
+    for j, d in enumerate(drafted):
+        h = d["accepted_length_histogram"]
+        n = sum(h) or 1
+        ax.bar([i + j * width for i in range(len(h))], [c / n for c in h], width=width, label=d["name"])
+    ax.set_xlabel("accepted draft tokens per round")
+    ax.set_ylabel("fraction of rounds")
+    ax.set_title("Accepted lengths")
+    if drafted:
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no drafts in this run", ha="center", transform=ax.transAxes)
+    figs.append((fig, "accepted_lengths.png"))
+
+    paths = []
+    for fig, name in figs:
+        fig.tight_layout()
+        atomic_write(out / name, lambda tmp, fig=fig: fig.savefig(tmp, format="png", dpi=100))
+        plt.close(fig)
+        paths.append(out / name)
+    return paths
+
+
+def write_report(report: dict, out: str | Path) -> list[Path]:
+    """report.json, report.md and the plots under `out`; returns the paths written."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    write_text(out / "report.json", json.dumps(report, indent=2) + "\n")
+    write_text(out / "report.md", markdown(report))
+    return [out / "report.json", out / "report.md", *plot(report, out)]
