@@ -53,6 +53,8 @@ def run(recipe) -> int:
     state = PartialState(**kwargs)
     dist = Dist(state.process_index, state.num_processes, state.wait_for_everyone)
     torch.manual_seed(recipe.seed)
+    if recipe.train.threads:
+        torch.set_num_threads(recipe.train.threads)
     target = load_target(recipe, state.device)
     # 2. data: offline features are checked against this recipe and target before any training.
     recipe = with_feature_ids(recipe, target.num_layers)

@@ -49,6 +49,7 @@ class TrainConfig:
     report_to: Literal["wandb", "tensorboard", "none"] = "wandb"  # experiment tracker (wandb offline by default)
     resume: str = "auto"  # auto (newest checkpoint if any) | never | a checkpoint directory
     num_workers: int = 0  # DataLoader workers
+    threads: int = 0  # torch CPU threads per process (0 = torch's default; 1 is fastest for tiny models)
 
 
 class NonFiniteLoss(RuntimeError):
