@@ -70,7 +70,8 @@ def save_drafter(module: nn.Module, out_dir: str | os.PathLike, recipe: dict | N
     out = Path(out_dir)
     kinds = drafter_kinds()
     if getattr(module, "kind", None) not in kinds:
-        raise TypeError(f"{type(module).__name__} is not a draftsmith drafter module ({sorted(kinds)})")
+        raise TypeError(f"{type(module).__name__} is not a draftsmith drafter module ({sorted(kinds)}); "
+                        "unwrap a DDP/FSDP-wrapped module first (accelerator.unwrap_model)")
     target = module.target
     cfg = module.config
     meta = {
@@ -87,7 +88,7 @@ def save_drafter(module: nn.Module, out_dir: str | os.PathLike, recipe: dict | N
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        (tmp / "config.json").write_text(json.dumps(meta, indent=2) + "\n")
+        (tmp / "config.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         if hasattr(module, "lora"):
             module.save_adapter(tmp / ADAPTER_DIR)
