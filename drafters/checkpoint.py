@@ -70,7 +70,8 @@ def save_drafter(module: nn.Module, out_dir: str | os.PathLike, recipe: dict | N
     out = Path(out_dir)
     kinds = drafter_kinds()
     if getattr(module, "kind", None) not in kinds:
-        raise TypeError(f"{type(module).__name__} is not a draftsmith drafter module ({sorted(kinds)})")
+        raise TypeError(f"{type(module).__name__} is not a draftsmith drafter module ({sorted(kinds)}); "
+                        "unwrap a DDP/FSDP-wrapped module first (accelerator.unwrap_model)")
     target = module.target
     cfg = module.config
     meta = {
@@ -87,7 +88,7 @@ def save_drafter(module: nn.Module, out_dir: str | os.PathLike, recipe: dict | N
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        (tmp / "config.json").write_text(json.dumps(meta, indent=2) + "\n")
+        (tmp / "config.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         if hasattr(module, "lora"):
             module.save_adapter(tmp / ADAPTER_DIR)
@@ -113,40 +114,71 @@ def read_meta(ckpt_dir: str | os.PathLike) -> dict | None:
     return meta if isinstance(meta, dict) and "draftsmith_drafter" in meta else None
 
 
+def new_drafter(kind: str, target: Target, config: dict | object | None = None, **kwargs) -> nn.Module:
+    """A fresh drafter module of `kind` (eagle1 | eagle3 | medusa | layerskip) with a config dataclass or dict.
+
+    kwargs go to the constructor (EAGLE-3: token_counts=[V] for the draft vocabulary).
+    """
+    kinds = drafter_kinds()
+    if kind not in kinds:
+        raise ValueError(f"drafter kind {kind!r} not one of {sorted(kinds)}")
+    cls, cfg_cls = kinds[kind]
+    if isinstance(config, dict):
+        config = config_from_dict(cfg_cls, config)
+    elif config is not None and not isinstance(config, cfg_cls):
+        raise TypeError(f"a {kind} drafter needs a {cfg_cls.__name__}, got {type(config).__name__}")
+    return cls(target, config, **kwargs)
+
+
 def load_drafter(ckpt_dir: str | os.PathLike, target: Target) -> nn.Module:
     """The trained module from a native checkpoint, on `target` (refused when its fingerprint differs)."""
     path = Path(ckpt_dir)
     meta = read_meta(path)
     if meta is None:
         raise ValueError(f"{path} is not a native draftsmith checkpoint (no config.json with 'draftsmith_drafter')")
-    kinds = drafter_kinds()
     kind = meta["draftsmith_drafter"]
-    if kind not in kinds:
-        raise ValueError(f"{path}: drafter kind {kind!r} unknown to this version ({sorted(kinds)})")
+    if kind not in drafter_kinds():
+        raise ValueError(f"{path}: drafter kind {kind!r} unknown to this version ({sorted(drafter_kinds())})")
     if meta.get("format_version", 0) > FORMAT_VERSION:
         raise ValueError(f"{path}: checkpoint format {meta['format_version']} is newer than this version's {FORMAT_VERSION}")
+    check_target(meta, target, path)
+    module = new_drafter(kind, target, meta["config"])
+    load_weights(module, path)
+    return module.eval()
+
+
+def check_target(meta: dict, target: Target, path: Path) -> None:
     problems = fingerprint_mismatch(meta["target"]["fingerprint"], target)
     if problems:
         raise ValueError(f"{path} was trained for another target ({meta['target'].get('name_or_path')}):\n  "
                          + "\n  ".join(problems) + "\nload it with the target it was trained on")
-    cls, cfg_cls = kinds[kind]
-    module = cls(target, config_from_dict(cfg_cls, meta["config"]))
+
+
+def load_weights(module: nn.Module, ckpt_dir: str | os.PathLike) -> None:
+    """Load a native checkpoint's weights into an existing module of the same kind and config (e.g. to resume).
+
+    Every key must match in name and shape: a tampered or foreign file is refused, naming the keys.
+    """
+    path = Path(ckpt_dir)
+    meta = read_meta(path)
+    if meta is None or meta["draftsmith_drafter"] != module.kind:
+        raise ValueError(f"{path} is not a native {module.kind} checkpoint")
+    check_target(meta, module.target, path)
     weights = path / "model.safetensors"
     if not weights.is_file():
         raise FileNotFoundError(f"{path}: model.safetensors is missing")
-    state = load_file(str(weights), device=str(target.device))
+    state = load_file(str(weights), device=str(module.target.device))
     expected = {k: v for k, v in module.state_dict().items() if not k.startswith("lora.")}
     missing, extra = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
     if missing or extra:
-        raise ValueError(f"{weights}: keys do not match a {kind} drafter of this config "
+        raise ValueError(f"{weights}: keys do not match a {module.kind} drafter of this config "
                          f"(missing {missing[:5]}, unexpected {extra[:5]})")
     bad = [f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}" for k, v in expected.items() if state[k].shape != v.shape]
     if bad:
         raise ValueError(f"{weights}: tensor shapes differ from the config's: {bad[:5]}")
-    module.load_state_dict(state, strict=False)
+    module.load_state_dict(state, strict=False)  # strict on everything but the LoRA adapter, checked above
     if hasattr(module, "lora"):
         module.load_adapter(path / ADAPTER_DIR)
-    return module.eval()
 
 
 def load_as_drafter(target: Target, path: Path) -> Drafter | None:

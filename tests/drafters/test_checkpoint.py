@@ -139,3 +139,31 @@ def test_save_is_atomic(tmp_path, monkeypatch):
         save_drafter(m, tmp_path / "export")
     assert (out / "model.safetensors").read_bytes() == before  # the old checkpoint is intact
     assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]
+
+
+def test_new_drafter_from_a_recipe_dict():
+    from drafters.checkpoint import new_drafter
+
+    target = tiny_target("qwen3")
+    m = new_drafter("medusa", target, {"num_heads": 2, "loss": "kl"})
+    assert m.kind == "medusa" and m.config.num_heads == 2
+    with pytest.raises(ValueError, match="unknown keys"):
+        new_drafter("eagle3", target, {"capture_layers": [1, 2, 3]})
+    with pytest.raises(ValueError, match="not one of"):
+        new_drafter("eagle4", target)
+
+
+@pytest.mark.parametrize("kind", ["eagle3", "layerskip-lora"])
+def test_load_weights_into_the_live_module_resumes(tmp_path, kind):
+    """Resuming loads into the module the run already has (a LoRA drafter cannot be injected twice)."""
+    from drafters.checkpoint import load_weights
+
+    target = tiny_target("qwen3")
+    m = build(kind, target)
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    out = save_drafter(m, tmp_path / "ckpt")
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(1.0)
+    load_weights(m, out)
+    assert all(torch.equal(v, m.state_dict()[k]) for k, v in before.items())
