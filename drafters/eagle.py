@@ -157,8 +157,8 @@ class _Eagle(nn.Module):
         return out
 
     @torch.no_grad()
-    def position_accuracy(self, batch: dict, depth: int | None = None) -> list[float]:
-        """Top-1 agreement with the target's argmax per draft position 1..depth (conditional, see losses)."""
+    def position_accuracy(self, batch: dict, depth: int | None = None, topk: int = 1) -> list[float]:
+        """Top-k agreement with the target's argmax per draft position 1..depth (conditional, see losses)."""
         from train.losses import ahead, conditional_accuracy, next_valid
 
         depth = depth or self.default_depth
@@ -166,7 +166,8 @@ class _Eagle(nn.Module):
         valid = next_valid(batch)
         correct, valids = [], []
         for k, (logits, _) in enumerate(self.unroll(batch, depth)):
-            correct.append(self.to_target(logits.argmax(-1)) == ahead(argmax, k + 1, -1))
+            top = self.to_target(logits.topk(min(topk, logits.shape[-1]), dim=-1).indices)  # [B, T, k]
+            correct.append((top == ahead(argmax, k + 1, -1)[..., None]).any(-1))
             valids.append(ahead(valid, k + 1, False))
         return conditional_accuracy(correct, valids)
 

@@ -249,19 +249,19 @@ class LayerSkip(nn.Module):
         return total, {"loss": float(total.detach()), **metrics}
 
     @torch.no_grad()
-    def position_accuracy(self, batch: dict, depth: int | None = None) -> list[float]:
+    def position_accuracy(self, batch: dict, depth: int | None = None, topk: int = 1) -> list[float]:
         """Chain accuracy of the draft exit per position 1..depth, conditional on earlier positions being right.
 
         Position k of a chain rooted at row t is the exit's prediction at row t+k-1 given the tokens
         before it, as when decoding. Exact when the batch's tokens are the target's greedy output
         (self-distilled data): then accepted drafts are exactly the batch's tokens.
         """
-        from train.losses import ahead, conditional_accuracy, next_valid, target_distribution
+        from train.losses import ahead, conditional_accuracy, in_topk, next_valid, target_distribution
 
         cfg = self.config
         _, argmax = target_distribution(batch, self.target.lm_head, self.target.num_layers)
         h = self.early_states(batch) if cfg.mode == "lora" else batch["hidden"][cfg.draft_exit]
-        correct = self.exit_logits(cfg.draft_exit, h).argmax(-1) == argmax
+        correct = in_topk(self.exit_logits(cfg.draft_exit, h), argmax, topk)
         valid = next_valid(batch)
         depth = depth or cfg.eval_depth
         return conditional_accuracy([ahead(correct, k, False) for k in range(depth)],

@@ -134,15 +134,15 @@ class Medusa(nn.Module):
                        **loss_metrics("acc", accs)}
 
     @torch.no_grad()
-    def position_accuracy(self, batch: dict, depth: int | None = None) -> list[float]:
-        """Head k's top-1 agreement with the target's argmax, conditional on heads < k being right."""
-        from train.losses import ahead, conditional_accuracy, next_valid, target_distribution
+    def position_accuracy(self, batch: dict, depth: int | None = None, topk: int = 1) -> list[float]:
+        """Head k's top-k agreement with the target's argmax, conditional on heads < k being right."""
+        from train.losses import ahead, conditional_accuracy, in_topk, next_valid, target_distribution
 
         L = self.target.num_layers
         _, argmax = target_distribution(batch, self.target.lm_head, L)
         valid = next_valid(batch)
         logits = self.head_logits(batch["hidden"][L])[: depth or self.config.num_heads]
-        correct = [lg.argmax(-1) == ahead(argmax, k + 1, -1) for k, lg in enumerate(logits)]
+        correct = [in_topk(lg, ahead(argmax, k + 1, -1), topk) for k, lg in enumerate(logits)]
         return conditional_accuracy(correct, [ahead(valid, k + 1, False) for k in range(len(logits))])
 
     def drafter(self, name: str | None = None) -> MedusaDrafter:

@@ -47,10 +47,12 @@ def run(recipe) -> int:
 
     if not recipe.drafter.kind:
         raise ValueError("drafter.kind is not set: choose eagle3 | eagle1 | medusa | layerskip (e.g. drafter.kind=eagle3)")
-    # 1. processes first: CPU ranks need cpu=True; DeepSpeed on CPU needs gloo (DESIGN §7).
+    # 1. processes first. Plain CPU ranks need cpu=True (accelerate 1.15 forms no CPU ranks without it);
+    # DeepSpeed (also on CPU with DS_ACCELERATOR=cpu) must get a plain PartialState: cpu=True would
+    # turn it into MULTI_CPU, and a pre-set backend breaks the Accelerator's state.
+    deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
     cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes") or not torch.cuda.is_available()
-    kwargs = {"backend": "gloo"} if cpu and os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true" else {"cpu": cpu}
-    state = PartialState(**kwargs)
+    state = PartialState() if deepspeed else PartialState(cpu=cpu)
     dist = Dist(state.process_index, state.num_processes, state.wait_for_everyone)
     torch.manual_seed(recipe.seed)
     if recipe.train.threads:

@@ -105,17 +105,19 @@ class LossModule(nn.Module):
 
 
 def make_accelerator(cfg: TrainConfig, run_dir: Path):
-    from accelerate import Accelerator, PartialState
-    from accelerate.utils import ProjectConfiguration
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedDataParallelKwargs, ProjectConfiguration
 
-    if os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true" and not torch.cuda.is_available():
-        PartialState(backend="gloo")  # DeepSpeed on CPU needs gloo before the Accelerator exists
     log_with = None if cfg.report_to == "none" else cfg.report_to
     if cfg.report_to == "wandb":
         os.environ.setdefault("WANDB_MODE", "offline")  # never phone home unless the user asks
         os.environ.setdefault("WANDB_DIR", str(run_dir))
+    # step_scheduler_with_optimizer=False: accelerate would otherwise advance the schedule once per
+    # process per step (it assumes the lr was tuned for one process); the schedule is per optimizer step.
     return Accelerator(gradient_accumulation_steps=cfg.grad_accum, mixed_precision=cfg.mixed_precision,
-                       log_with=log_with, project_config=ProjectConfiguration(project_dir=str(run_dir),
+                       step_scheduler_with_optimizer=False, log_with=log_with,
+                       # curricula and layer dropout leave some drafter parameters unused in a step
+                       kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)], project_config=ProjectConfiguration(project_dir=str(run_dir),
                                                                               logging_dir=str(run_dir / "logs")))
 
 
@@ -168,6 +170,8 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
     if main:
         run_dir.mkdir(parents=True, exist_ok=True)
         dump_config(recipe, run_dir / "config.yaml")
+        print(f"[train] {acc.num_processes} process(es), {acc.distributed_type.value}, device {acc.device}, "
+              f"mixed precision {acc.mixed_precision}; run dir {run_dir}")
 
     # 1. data, optimizer, schedule; accelerate shards batches across processes.
     loader = make_loader(train_ds, cfg.batch_size, recipe.seed, shuffle=True, drop_last=True, num_workers=cfg.num_workers)
@@ -242,7 +246,8 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
                 if acc.sync_gradients and cfg.max_grad_norm > 0:
                     acc.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
                 opt.step()
-                sched.step()
+                if acc.sync_gradients:
+                    sched.step()
                 opt.zero_grad()
             window.append(float(acc.reduce(loss.detach(), "mean")))
             tokens += int(batch["loss_mask"].sum()) * acc.num_processes

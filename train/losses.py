@@ -165,6 +165,13 @@ def exit_curriculum(kind: str, step: int, n: int, max_steps: int = 1000, every: 
 # --- evaluation --------------------------------------------------------------------------------
 
 
+def in_topk(logits: Tensor, want: Tensor, k: int = 1) -> Tensor:
+    """Whether `want` [B, T] is among the top-k of logits [B, T, V] (k = 1: the argmax). -> [B, T] bool"""
+    if k == 1:
+        return logits.argmax(-1) == want
+    return (logits.topk(min(k, logits.shape[-1]), dim=-1).indices == want[..., None]).any(-1)
+
+
 def conditional_accuracy(correct: Sequence[Tensor], valid: Sequence[Tensor]) -> list[float]:
     """Top-1 accuracy per draft position k = 1..K, conditional on positions 1..k-1 being right.
 
