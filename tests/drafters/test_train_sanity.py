@@ -7,8 +7,8 @@ import torch
 
 from decode.generate import generate
 from decode.tree import Shape
-from drafters.early_exit import EarlyExitDrafter
 from drafters.eagle import Eagle3, Eagle3Config
+from drafters.early_exit import EarlyExitDrafter
 from tests.conftest import DEV_PROMPTS
 from tests.drafters.batches import make_batch
 
