@@ -58,7 +58,7 @@ class Runner(Protocol):
 
 
 class DecoderRun:
-    """Our decoder with one drafter (SPEC resolved by drafters.registry)."""
+    """Our decoder with one drafter (SPEC resolved by drafters.registry); `SPEC@TREE` overrides --tree for it."""
 
     kind = "draftsmith"
 
@@ -66,9 +66,10 @@ class DecoderRun:
         from drafters.registry import make_drafter
 
         self.target, self.cfg = target, cfg
+        spec, at, tree = spec.rpartition("@") if "@" in spec else (spec, "", "")
         self.drafter = make_drafter(spec, target)
-        self.name = self.drafter.name
-        self.shape = parse_shape(cfg.tree, cfg.draft_len)
+        self.name = self.drafter.name + (f"@{tree}" if at else "")
+        self.shape = parse_shape(tree or cfg.tree, cfg.draft_len)
         self.policy = make_policy(cfg.policy)
 
     def run(self, prompt_ids: Tensor, max_new_tokens: int, sampling: SamplingConfig, seed: int) -> Generation:
@@ -148,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m decode.evaluate", description=__doc__.splitlines()[0])
     add_decode_args(ap)
     ap.add_argument("--drafter", action="append", required=True, metavar="SPEC",
-                    help="drafter SPEC (repeatable); also HF peers: " + ", ".join(HF_FORMS))
+                    help="drafter SPEC (repeatable), SPEC@TREE to give it its own --tree; also HF peers: "
+                    + ", ".join(HF_FORMS))
     ap.add_argument("--prompts", required=True, help="Spec-Bench/MT-bench jsonl, {'prompt': ...} jsonl, or text")
     ap.add_argument("--limit", type=int, default=None, help="only the first N prompts (conversations)")
     ap.add_argument("--target-pass-s", type=float, nargs="+", default=DEFAULT_PASS_COSTS, metavar="S",

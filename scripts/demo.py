@@ -1,48 +1,73 @@
-"""The demo: AR vs untrained early exit (and friends) on the bundled story target, as a table.
+"""The demo: train drafters on the bundled story target, export them, evaluate against the baselines.
 
-Greedy, the dev prompts, 128 new tokens. Every row must reproduce AR token for token.
+1. train LayerSkip, Medusa and EAGLE-3 with the tiny recipes (recipes/stories260K/*.yaml) on
+   stories the target samples itself (online features: nothing cached);
+2. export: the native checkpoints land in runs/demo/<kind>/export; EAGLE-3 is also exported to
+   the SGLang layout and evaluated from there (import round trip), when drafters.export exists;
+3. evaluate on the dev prompts, greedy, 128 new tokens: AR, the untrained early exits
+   (early-exit:1 and :2 are the bundled target's counterparts of the first 4/8 of Qwen3-14B's 40
+   layers), prompt lookup, and the trained drafters as chains and trees. Every row must match AR.
+Writes runs/demo/report.{json,md} and plots, and prints the table.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import subprocess
+import sys
 import time
 from pathlib import Path
 
-import torch
-
-from decode.generate import encode_prompt, generate
-from decode.target import Target
-from decode.tree import Shape
-from drafters.registry import make_drafter
-
 REPO = Path(__file__).resolve().parents[1]
+TARGET = "recipes/targets/stories260K"
+TREE = "dynamic:topk=8,depth=6,nodes=60"
 
 
-def main() -> None:
+def sh(*cmd: str) -> None:
+    print("$ " + " ".join(cmd), flush=True)
+    subprocess.run([sys.executable, *cmd], cwd=REPO, check=True)
+
+
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--target", default=str(REPO / "recipes/targets/stories260K"))
-    ap.add_argument("--prompts", default=str(REPO / "recipes/prompts/stories_dev.txt"))
+    ap.add_argument("--out", default="runs/demo")
+    ap.add_argument("--steps", type=int, nargs=3, default=[300, 300, 600], metavar=("LAYERSKIP", "MEDUSA", "EAGLE3"),
+                    help="training steps per drafter")
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest for the tiny target)")
+    ap.add_argument("--skip-train", action="store_true", help="reuse the drafters already in --out")
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    target = Target.load(args.target)
-    prompts = [encode_prompt(target, line) for line in Path(args.prompts).read_text().splitlines() if line.strip()]
-    rows = [("ar", Shape("chain", k=0)), ("early-exit:1", Shape("chain", k=8)), ("early-exit:2", Shape("chain", k=8)),
-            ("early-exit:2", Shape("dynamic", topk=4, depth=6, nodes=24)), ("skip:2", Shape("chain", k=8))]
-    ref, ref_time = None, None
-    print(f"{'drafter':<16}{'tree':<9}{'tau':>6}{'tok/s':>9}{'speedup':>9}  matches_ar")
-    for spec, shape in rows:
-        outs, t0, new, passes = [], time.perf_counter(), 0, 0
-        for ids in prompts:
-            g = generate(target, make_drafter(spec, target), ids, args.max_new_tokens, shape=shape)
-            outs.append(g.tokens)
-            new, passes = new + g.stats.new_tokens, passes + g.stats.target_passes
-        wall = time.perf_counter() - t0
-        ref, ref_time = (outs, wall) if ref is None else (ref, ref_time)
-        print(f"{spec:<16}{shape.kind:<9}{new / passes:>6.2f}{new / wall:>9.1f}{ref_time / wall:>8.2f}x  {outs == ref}")
+    out = Path(args.out)
+    t0 = time.perf_counter()
+
+    # 1. train (each run exports its native checkpoint to RUN_DIR/export)
+    kinds = dict(zip(["layerskip", "medusa", "eagle3"], args.steps))
+    if not args.skip_train:
+        for kind, steps in kinds.items():
+            sh("-m", "train", f"recipes/stories260K/{kind}.yaml", f"run_dir={out / kind}", "features.mode=online",
+               f"train.steps={steps}", "train.eval_every=0", "train.save_every=0", "train.log_every=50")
+    t_train = time.perf_counter() - t0
+
+    # 2. export EAGLE-3 to the SGLang layout and evaluate the imported copy too
+    drafters = ["early-exit:1", "early-exit:2", f"early-exit:2@{TREE}", "prompt-lookup",
+                f"{out / 'layerskip/export'}", f"{out / 'medusa/export'}", f"{out / 'medusa/export'}@{TREE}",
+                f"{out / 'eagle3/export'}", f"{out / 'eagle3/export'}@{TREE}"]
+    if importlib.util.find_spec("drafters.export") is not None:
+        sh("-m", "drafters.export", str(out / "eagle3"), "--format", "eagle3", "--out", str(out / "eagle3-sglang"))
+        drafters.append(f"{out / 'eagle3-sglang'}@{TREE}")
+    if importlib.util.find_spec("drafters.prompt_lookup") is None:
+        drafters.remove("prompt-lookup")
+
+    # 3. evaluate everything on the same prompts
+    cmd = ["-m", "decode.evaluate", "--target", TARGET, "--prompts", "recipes/prompts/stories_dev.txt",
+           "--max-new-tokens", str(args.max_new_tokens), "--threads", "1", "--out", str(out)]
+    for d in drafters:
+        cmd += ["--drafter", d]
+    sh(*cmd)
+    print(f"\ndemo: training {t_train / 60:.1f} min, total {(time.perf_counter() - t0) / 60:.1f} min; "
+          f"report in {out / 'report.md'}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""Quality bar of the tiny recipes: train each, then decode with it against the untrained early exit.
+
+For each recipe in recipes/stories260K/{eagle3,eagle1,medusa,layerskip}.yaml: build its feature
+cache and train it (as subprocesses, timed, peak RSS measured per process), then one evaluation
+on the dev prompts (greedy, 128 new tokens): every trained drafter as a chain (k=8) and a dynamic
+tree, next to early-exit:2 (the exit LayerSkip drafts from) with the same shapes. matches_ar must
+be true on every row.
+
+    python scripts/bench_train.py                 # train + evaluate (about 20-30 min on 2 busy cores)
+    python scripts/bench_train.py --skip-train    # evaluate the drafters already in runs/
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+KINDS = ["eagle3", "eagle1", "medusa", "layerskip"]
+TREE = "dynamic:topk=8,depth=6,nodes=60"
+
+
+def timed(cmd: list[str]) -> tuple[float, float]:
+    """Run a subprocess; (wall seconds, peak RSS in MiB of that process)."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, *cmd], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    _, status, usage = os.wait4(proc.pid, 0)
+    err = proc.stderr.read()
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"failed: {' '.join(cmd)}\n{err[-2000:]}")
+    return time.perf_counter() - t0, usage.ru_maxrss / 1024
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kinds", nargs="+", default=KINDS)
+    ap.add_argument("--skip-train", action="store_true")
+    ap.add_argument("--out", default="runs/bench_train")
+    args = ap.parse_args()
+    rows = []
+    for kind in args.kinds:
+        recipe = f"recipes/stories260K/{kind}.yaml"
+        run_dir = REPO / "runs" / kind
+        if not args.skip_train:
+            fs, fmem = timed(["-m", "train.features", recipe])
+            ts, tmem = timed(["-m", "train", recipe])
+        else:
+            fs = fmem = ts = tmem = float("nan")
+        metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        tok_s = [m["tokens_per_s"] for m in metrics if "tokens_per_s" in m]
+        final = json.loads((run_dir / "final_eval.json").read_text())
+        rows.append((kind, fs, fmem, ts, tmem, sum(tok_s) / max(1, len(tok_s)), final.get("eval/sim_tau_chain"),
+                     final.get("eval/sim_tau_tree")))
+
+    print("\n## training (tiny recipes, bundled target, 1 thread each)")
+    print(f"{'recipe':<10} {'features s':>10} {'peak MiB':>9} {'train s':>8} {'peak MiB':>9} {'train tok/s':>12} "
+          f"{'sim tau chain':>14} {'sim tau tree':>13}")
+    for r in rows:
+        print(f"{r[0]:<10} {r[1]:>10.1f} {r[2]:>9.0f} {r[3]:>8.1f} {r[4]:>9.0f} {r[5]:>12.0f} {r[6]:>14.2f} {r[7]:>13.2f}")
+
+    drafters = ["early-exit:2", f"early-exit:2@{TREE}"]
+    for kind in args.kinds:
+        drafters += [f"runs/{kind}/export", f"runs/{kind}/export@{TREE}"]
+    cmd = [sys.executable, "-m", "decode.evaluate", "--target", "recipes/targets/stories260K", "--prompts",
+           "recipes/prompts/stories_dev.txt", "--max-new-tokens", "128", "--threads", "1", "--out", args.out]
+    for d in drafters:
+        cmd += ["--drafter", d]
+    print("\n## decoding (dev prompts, greedy, 128 new tokens; chain k=8 and " + TREE + ")", flush=True)
+    subprocess.run(cmd, cwd=REPO, check=True, stderr=subprocess.DEVNULL)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
