@@ -319,6 +319,8 @@ def run(recipe: Recipe) -> int:
     state = PartialState(cpu=cpu)
     dist = Dist(state.process_index, state.num_processes, state.wait_for_everyone)
     torch.manual_seed(recipe.seed)
+    if recipe.train.threads:  # the recipe's CPU thread count applies to extraction too
+        torch.set_num_threads(recipe.train.threads)
     if recipe.features.mode == "online":
         print("[features] features.mode=online: the target runs inside each training step; nothing to extract "
               "(data preparation still checked)", file=sys.stderr)
