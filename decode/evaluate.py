@@ -175,7 +175,12 @@ def main(argv: list[str] | None = None) -> int:
         parse_shape(cfg.tree, cfg.draft_len)  # fail on a bad --tree before loading anything
         make_policy(cfg.policy)
         convs = load_prompts(args.prompts, args.limit)
-        target = Target.load(args.target, dtype=args.dtype, attn=args.attn)
+        from decode.offload import load_target_from_args
+        from drafters.registry import resident_layers
+
+        # one load for every drafter: the deepest early layers any of them runs stay resident
+        base_specs = [d.rpartition("@")[0] if "@" in d else d for d in args.drafter]
+        target = load_target_from_args(args, resident_layers([d for d in base_specs if not is_hf_spec(d)]))
         runners = prepare(target, args.drafter, cfg)
     except (ValueError, FileNotFoundError) as e:  # bad input: say what to fix, no traceback
         print(f"error: {e}", file=sys.stderr)

@@ -92,7 +92,17 @@ DIR_LOADERS: list[Callable[[Target, Path], Drafter | None]] = [_native_dir]
 RESIDENT: dict[str, Callable[[str, str], int]] = {
     "early-exit": lambda arg, spec: _ints(arg, spec)[0] if arg else 0,
 }
-DIR_RESIDENT: list[Callable[[Path], int | None]] = []
+def _native_resident(path: Path) -> int | None:
+    """A LayerSkip exit_head checkpoint drafts through the target's first draft_exit layers."""
+    from drafters.checkpoint import read_meta
+
+    meta = read_meta(path)
+    if meta is None or meta["draftsmith_drafter"] != "layerskip" or meta["config"].get("mode") != "exit_head":
+        return None
+    return int(meta["config"].get("draft_exit") or 0) or None
+
+
+DIR_RESIDENT: list[Callable[[Path], int | None]] = [_native_resident]
 
 
 def resident_layers(specs: list[str]) -> int:
