@@ -158,7 +158,7 @@ def add_decode_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--draft-len", type=int, default=8, help="chain length k")
     ap.add_argument("--policy", default="fixed",
                     help="draft-length policy: fixed | learning[:max=..,decay=..] | threshold[:p=0.4,max=..] | "
-                         "stopping[:max=..,decay=..] (max defaults to twice --draft-len)")
+                         "stopping[:max=..,decay=..] (max: the longest chain; default --draft-len, twice that for learning)")
     ap.add_argument("--target-pass-s", type=float, default=None,
                     help="cost of one target pass in seconds for the cost-aware policies (e.g. 20 for a streamed "
                          "14B target); default: measured as the run goes")

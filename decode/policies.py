@@ -2,12 +2,16 @@
 
 - `fixed`: always the base shape (chain of k = --draft-len).
 - `learning`: after each round, re-estimates the per-token acceptance rate a (decayed counts of
-  accepted tokens and of rejections) and picks the k that maximises expected tokens per second,
-  (1 - a^(k+1)) / (1 - a) / (k * draft_s_per_token + target_pass_s(k + 1)). Needs no probabilities.
-- `threshold`: drafts a chain until the drafter's probability of the token it just drafted falls
-  below p (that token stays in the draft: it is already paid for, as in HF's confidence criterion).
-- `stopping`: drafts a chain while one more token pays for itself. With P_n the probability that
-  the whole chain so far is accepted (product of the drafter's calibrated probabilities), E_n the
+  accepted tokens and of rejections) and picks the k in 1..2 x --draft-len that maximises expected
+  tokens per second, (1 - a^(k+1)) / (1 - a) / (k * draft_s_per_token + target_pass_s(k + 1)).
+  It needs no probabilities, so it works with lookup drafters too.
+- `threshold`: drafts a chain (up to --draft-len) until the drafter's probability of the token it
+  just drafted falls below p (that token stays: it is already paid for, as in HF's confidence
+  criterion).
+- `stopping`: drafts a chain (up to --draft-len) while one more token pays for itself. With P_n the
+  probability that the whole chain so far is accepted (product of the drafter's probabilities,
+  calibrated by a running factor: accepted tokens / summed probabilities of the tokens verification
+  reached, since an untrained drafter is often confidently wrong), E_n the
   expected tokens this round (1 + sum P_i) and T_n its cost (n drafter steps + one target pass),
   one more token adds P_n to the tokens and dT (a drafter step + the pass's extra row) to the time;
   it is worth it while P_n / dT > E_n / T_n, the rate the round already has.
@@ -181,7 +185,7 @@ class ThresholdPolicy:
     def shape(self, base: Shape) -> Shape:
         need_chain(base, self.name)
         p = self.p
-        return replace(base, k=self.max_len or 2 * base.k, stop=lambda conf: conf[-1] < p)
+        return replace(base, k=self.max_len or base.k, stop=lambda conf: conf[-1] < p)
 
     def observe(self, r: Round) -> None:
         pass
@@ -198,7 +202,7 @@ class StoppingPolicy:
 
     def shape(self, base: Shape) -> Shape:
         need_chain(base, self.name)
-        k = self.max_len or 2 * base.k
+        k = self.max_len or base.k
         if not self.costs.known:  # first round: nothing measured yet, draft the longest chain
             return replace(base, k=k)
         calib = self.accepted / self.conf_sum
@@ -224,9 +228,11 @@ POLICIES: dict[str, tuple[Callable[..., Policy], dict[str, float | int]]] = {
 
 
 def make_policy(spec: str, pass_cost: PassCost | None = None) -> Policy:
-    """`fixed`, `learning[:max=16,decay=0.9]`, `threshold[:p=0.4,max=16]`, `stopping[:max=16,decay=0.9]`.
+    """`fixed`, `learning[:max=0,decay=0.9]`, `threshold[:p=0.4,max=0]`, `stopping[:max=0,decay=0.9]`.
 
-    max = the longest chain (0 = twice --draft-len); pass_cost = the target-pass cost curve (None = measure).
+    max = the longest chain; 0 = --draft-len for the stop rules (threshold, stopping only cut a chain
+    short) and twice --draft-len for learning (it moves k both ways). pass_cost = the target-pass
+    cost curve (None = measure it).
     """
     name, _, arg = spec.partition(":")
     if name not in POLICIES:
