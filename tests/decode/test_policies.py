@@ -6,8 +6,17 @@ import pytest
 import torch
 
 from decode.generate import add_decode_args, encode_prompt, generate, policy_from_args
-from decode.policies import (Costs, LearningPolicy, Round, StoppingPolicy, best_length, constant_cost,
-                             expected_tokens, make_policy, stop_rule)
+from decode.policies import (
+    Costs,
+    LearningPolicy,
+    Round,
+    StoppingPolicy,
+    best_length,
+    constant_cost,
+    expected_tokens,
+    make_policy,
+    stop_rule,
+)
 from decode.tree import Shape, grow_chain
 from drafters.ar import ARDrafter
 from drafters.registry import make_drafter
