@@ -10,10 +10,14 @@ at C = --pass-s and at C = the run's own measured pass cost (≈ its wall time p
 Part 2 - prompt lookup vs HF's `generate(prompt_lookup_num_tokens=...)` (and lookahead, the other
 training-free source) on two workloads:
 - `dev`: the dev story openings;
-- `grounded`: input-grounded prompts built here: each dev opening's greedy story (--story-tokens),
-  a newline, then the opening again (an instruction-free restart), so the answer can copy the
-  story above it. The `copy` column is the share of the AR answer's tokens whose preceding 3
-  tokens + itself already occur earlier in prompt + answer, i.e. how much a lookup could copy.
+- `restart` (input-grounded, built here): each dev opening's greedy story (--story-tokens), a
+  newline, then the opening again (an instruction-free restart), so the answer can copy the story
+  above it;
+- `continue` (input-grounded, built here): each dev opening + its greedy story of --long-tokens
+  tokens as the prompt; the answer continues the model's own text, which at that length keeps
+  repeating phrases (and often loops) the prompt already holds.
+The `copy` column is the share of the AR answer's tokens whose preceding 3 tokens + itself already
+occur earlier in prompt + answer: how much of the answer a lookup could copy.
 HF's τ is counted with a forward hook (target calls, prefill included), as ours counts passes.
 
     python scripts/bench_policies.py [--drafter SPEC ...] [--max-new-tokens 128] [--pass-s 20]
@@ -84,7 +88,7 @@ def bench_policies(target: Target, drafters: list[str], prompts, refs, args) -> 
     shape = Shape("chain", k=args.draft_len)
     runs = [("fixed", None), ("learning", None), ("learning", args.pass_s), ("threshold", None),
             ("stopping", None), ("stopping", args.pass_s)]
-    rows = []
+    rows, refusals = [], set()
     ar = run(target, "ar", prompts, refs, args.max_new_tokens, shape)
     rows.append(policy_row("ar", "-", "-", ar, args.pass_s))
     for spec in drafters:
@@ -93,12 +97,13 @@ def bench_policies(target: Target, drafters: list[str], prompts, refs, args) -> 
             try:
                 r = run(target, spec, prompts, refs, args.max_new_tokens, shape, policy, pass_s)
             except ValueError as e:  # a drafter without per-token probabilities: the policy refuses it
-                rows.append([spec, policy, decides, f"refused: {e}"] + [""] * 8)
+                rows.append([spec, policy, decides, "refused*"] + [""] * 8)
+                refusals.add(f"* {e}")
                 continue
             rows.append(policy_row(spec, policy, decides, r, args.pass_s))
     header = ["drafter", "policy", "policy's pass cost", "τ", "passes/token", "drafted/round", "draft ms/token",
               "pass ms (measured)", f"s/token @ {args.pass_s:g} s", "ms/token @ measured", "tok/s (wall)", "= AR"]
-    return table(header, rows)
+    return "\n".join([table(header, rows), *sorted(refusals)])
 
 
 def policy_row(spec: str, policy: str, decides: str, r: Run, pass_s: float) -> list[str]:
@@ -113,7 +118,7 @@ def policy_row(spec: str, policy: str, decides: str, r: Run, pass_s: float) -> l
 # --- part 2: prompt lookup vs HF ------------------------------------------------------------
 
 
-def grounded_prompts(target: Target, openings: list[torch.Tensor], story_tokens: int) -> list[torch.Tensor]:
+def restart_prompts(target: Target, openings: list[torch.Tensor], story_tokens: int) -> list[torch.Tensor]:
     """Story (opening + its greedy continuation), newline, the opening again: the answer may copy the story."""
     newline = target.tokenizer("\n", add_special_tokens=False).input_ids[-1:]
     out = []
@@ -121,6 +126,11 @@ def grounded_prompts(target: Target, openings: list[torch.Tensor], story_tokens:
         story = generate(target, ARDrafter(), ids, story_tokens).tokens
         out.append(torch.cat([ids, torch.tensor(story + newline), ids[1:]]))
     return out
+
+
+def continue_prompts(target: Target, openings: list[torch.Tensor], story_tokens: int) -> list[torch.Tensor]:
+    """Opening + its greedy story as the prompt: the answer continues text that repeats itself."""
+    return [torch.cat([ids, torch.tensor(generate(target, ARDrafter(), ids, story_tokens).tokens)]) for ids in openings]
 
 
 def copy_rate(prompt: list[int], answer: list[int], n: int = 3) -> float:
@@ -189,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft-len", type=int, default=8, help="fixed k, and the stop rules' longest chain")
     ap.add_argument("--pass-s", type=float, default=20.0, help="modelled target-pass cost (streamed 14B: ~20 s)")
     ap.add_argument("--lookup-tokens", type=int, default=10, help="prompt lookup's k and HF's prompt_lookup_num_tokens")
-    ap.add_argument("--story-tokens", type=int, default=100, help="story length in the grounded prompts")
+    ap.add_argument("--story-tokens", type=int, default=100, help="story length in the restart prompts")
+    ap.add_argument("--long-tokens", type=int, default=200, help="story length in the continue prompts")
     ap.add_argument("--limit", type=int, default=0, help="use only the first N prompts (0 = all)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: tiny models only lose from more)")
     ap.add_argument("--skip-lookup", action="store_true", help="part 1 only")
@@ -210,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"## Draft-length policies (chain, k = {args.draft_len}; stop rules up to k, learning up to 2k)\n")
     print(bench_policies(target, args.drafter or ["early-exit:2"], openings, refs, args), "\n", flush=True)
     if not args.skip_lookup:
-        workloads = {"dev": openings, "grounded": grounded_prompts(target, openings, args.story_tokens)}
+        workloads = {"dev": openings, "restart": restart_prompts(target, openings, args.story_tokens),
+                     "continue": continue_prompts(target, openings, args.long_tokens)}
         print(f"## Prompt lookup vs HF (k = {args.lookup_tokens}), lookahead\n")
         print(bench_lookup(target, workloads, args), "\n")
     print(f"total {time.perf_counter() - t0:.0f} s, load average {os.getloadavg()[0]:.1f}")
