@@ -159,9 +159,6 @@ def add_decode_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--policy", default="fixed",
                     help="draft-length policy: fixed | learning[:max=..,decay=..] | threshold[:p=0.4,max=..] | "
                          "stopping[:max=..,decay=..] (max: the longest chain; default --draft-len, twice that for learning)")
-    ap.add_argument("--target-pass-s", type=float, default=None,
-                    help="cost of one target pass in seconds for the cost-aware policies (e.g. 20 for a streamed "
-                         "14B target); default: measured as the run goes")
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--top-k", type=int, default=0)
@@ -170,10 +167,10 @@ def add_decode_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--attn", default="sdpa", help="attention implementation: sdpa | eager")
 
 
-def policy_from_args(args: argparse.Namespace) -> Policy:
-    """A fresh policy (they keep per-run state) from --policy and --target-pass-s."""
-    cost = constant_cost(args.target_pass_s) if args.target_pass_s is not None else None
-    return make_policy(args.policy, cost)
+def policy_for(spec: str, target_pass_s: float | None = None) -> Policy:
+    """A fresh policy (they keep per-run state); target_pass_s: the pass cost the cost-aware ones decide
+    with (None = measure it as the run goes)."""
+    return make_policy(spec, constant_cost(target_pass_s) if target_pass_s is not None else None)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -183,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     add_decode_args(ap)
     ap.add_argument("--drafter", default="ar", help="drafter SPEC (see drafters.registry)")
     ap.add_argument("--prompt", required=True)
+    ap.add_argument("--target-pass-s", type=float, default=None,
+                    help="seconds one target pass costs, for the cost-aware policies (e.g. 20 for a streamed 14B "
+                         "target); default: measured as the run goes")
     args = ap.parse_args(argv)
     torch.manual_seed(args.seed)
     target = Target.load(args.target, dtype=args.dtype, attn=args.attn)
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         printed = len(text)
 
-    gen = generate(target, drafter, ids, args.max_new_tokens, sampling, shape, policy_from_args(args),
+    gen = generate(target, drafter, ids, args.max_new_tokens, sampling, shape, policy_for(args.policy, args.target_pass_s),
                    args.seed, on_tokens=stream)
     s = gen.stats
     print(f"\n[{drafter.name}] {s.new_tokens} tokens, {s.target_passes} target passes, tau {s.tau:.2f}, "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decode.generate import add_decode_args, encode_prompt, generate, policy_from_args
+from decode.generate import encode_prompt, generate, policy_for
 from decode.policies import (
     Costs,
     LearningPolicy,
@@ -20,7 +20,7 @@ from decode.policies import (
 from decode.tree import Shape, grow_chain
 from drafters.ar import ARDrafter
 from drafters.registry import make_drafter
-from tests.conftest import DEV_PROMPTS
+from tests.conftest import DEV_PROMPTS, STORIES
 
 POLICY_SPECS = ["fixed", "learning", "threshold", "threshold:p=0.9", "stopping"]
 
@@ -169,13 +169,14 @@ def test_stop_rules_need_a_chain(stories):
                  policy=make_policy("stopping"))
 
 
-def test_target_pass_s_flag():
-    import argparse
+def test_target_pass_s_flag(capsys):
+    from decode.generate import main
 
-    ap = argparse.ArgumentParser()
-    add_decode_args(ap)
-    args = ap.parse_args(["--target", "x", "--policy", "stopping", "--target-pass-s", "20"])
-    policy = policy_from_args(args)
+    args = ["--target", str(STORIES), "--prompt", "Once upon a time", "--max-new-tokens", "6", "--drafter",
+            "early-exit:3", "--policy", "stopping", "--target-pass-s", "20"]
+    assert main(args) == 0
+    assert "6 tokens" in capsys.readouterr().err
+    policy = policy_for("stopping", 20.0)
     assert policy.name == "stopping" and policy.costs.target_s(9) == 20.0
     with pytest.raises(ValueError, match="> 0"):
-        policy_from_args(ap.parse_args(["--target", "x", "--target-pass-s", "0"]))
+        policy_for("stopping", 0.0)
