@@ -18,8 +18,8 @@ from torch import Tensor
 
 from decode.metrics import GenStats
 from decode.offload import add_offload_args, load_target_from_args
-from decode.policies import FixedPolicy, Policy, capped, make_policy
-from decode.protocol import Budget, Drafter, TargetStep, layer_reuse
+from decode.policies import FixedPolicy, Policy, Round, capped, constant_cost, make_policy
+from decode.protocol import Budget, Drafter, TargetStep, layer_reuse, side_rows
 from decode.sampling import Rng, SamplingConfig, TorchRng, probs_from_logits
 from decode.target import Target
 from decode.tree import Shape, parse_shape
@@ -57,6 +57,8 @@ def generate(target: Target, drafter: Drafter, prompt_ids: Tensor, max_new_token
     prompt_ids = torch.as_tensor(prompt_ids, dtype=torch.long).view(-1)
     check_length(target, prompt_ids.numel(), max_new_tokens)
     policy = policy or FixedPolicy()
+    if policy.needs_probs and getattr(drafter, "token_probs", True) is False:
+        raise ValueError(no_probs(policy, drafter))
     rng = TorchRng(seed)
     stats = GenStats()
     hidden_ids = tuple(drafter.hidden_ids)
@@ -82,17 +84,20 @@ def generate(target: Target, drafter: Drafter, prompt_ids: Tensor, max_new_token
         room = min(max_new_tokens - len(emitted) - 1, target.max_positions - committed - 2)
         round_shape = capped(policy.shape(shape), room)
         tree = drafter.propose(Budget(round_shape, sampling, rng))
+        if policy.needs_probs and tree.size and tree.conf is None:
+            raise ValueError(no_probs(policy, drafter))
         if tree.depth() > room:
             tree = tree.truncate_depth(room)
-        reuse = layer_reuse(drafter)
+        reuse, side = layer_reuse(drafter), side_rows(drafter)
         t1 = time.perf_counter()
 
-        # 3. verify: one target pass over [pending] + tree.
-        out = target.forward_tree(emitted[-1], tree, cache, hidden_ids, reuse)
+        # 3. verify: one target pass over [pending] + tree (+ side rows a drafter rides along, never committed).
+        out = target.forward_tree(emitted[-1], tree, cache, hidden_ids, reuse, side)
+        logits = out.logits[: 1 + tree.size]
         if sampling.greedy:
-            verdict = verify_greedy(tree, out.logits.argmax(-1))
+            verdict = verify_greedy(tree, logits.argmax(-1))
         else:
-            verdict = verify_sampling(tree, probs_from_logits(out.logits, sampling), rng)
+            verdict = verify_sampling(tree, probs_from_logits(logits, sampling), rng)
         t2 = time.perf_counter()
 
         # 4. commit: keep the root and the accepted path in the cache, emit path tokens + bonus.
@@ -107,17 +112,24 @@ def generate(target: Target, drafter: Drafter, prompt_ids: Tensor, max_new_token
         if on_tokens:
             on_tokens(new)
         hidden = {i: h[keep] for i, h in out.hidden.items()}
-        drafter.accept(TargetStep(torch.tensor(new), hidden, verdict.path, committed, cache))
+        side_logits = out.logits[1 + tree.size:] if side is not None else None
+        drafter.accept(TargetStep(torch.tensor(new), hidden, verdict.path, committed, cache, side_logits))
         t3 = time.perf_counter()
         stats.draft_s += t1 - t0
         stats.verify_s += t2 - t1
         stats.commit_s += t3 - t2
-        policy.observe(tree.depth(), len(verdict.path), t1 - t0, t2 - t1)
+        conf = tree.conf.tolist() if tree.conf is not None else None
+        policy.observe(Round(tree.depth(), len(verdict.path), t1 - t0, t2 - t1, out.logits.shape[0], conf))
 
     stats.new_tokens = len(emitted)
     stats.drafter_passes = drafter.forward_passes - passes0
     stats.wall_s = time.perf_counter() - t_start
     return Generation(emitted, stats)
+
+
+def no_probs(policy: Policy, drafter: Drafter) -> str:
+    return (f"--policy {policy.name} needs the drafter's per-token probabilities, and {drafter.name} proposes "
+            "without them (lookup-style drafts); use --policy fixed or learning with it")
 
 
 def truncate(tokens: list[int], room: int, eos_ids: set[int]) -> list[int]:
@@ -146,7 +158,9 @@ def add_decode_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--tree", default="chain", help="chain | static:FILE | dynamic:topk=8,depth=6,nodes=60")
     ap.add_argument("--draft-len", type=int, default=8, help="chain length k")
-    ap.add_argument("--policy", default="fixed", help="draft-length policy")
+    ap.add_argument("--policy", default="fixed",
+                    help="draft-length policy: fixed | learning[:max=..,decay=..] | threshold[:p=0.4,max=..] | "
+                         "stopping[:max=..,decay=..] (max: the longest chain; default --draft-len, twice that for learning)")
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--top-k", type=int, default=0)
@@ -156,6 +170,12 @@ def add_decode_args(ap: argparse.ArgumentParser) -> None:
     add_offload_args(ap)  # --offload/--max-memory/--offload-dir/--device: load with decode.offload.load_target_from_args
 
 
+def policy_for(spec: str, target_pass_s: float | None = None) -> Policy:
+    """A fresh policy (they keep per-run state); target_pass_s: the pass cost the cost-aware ones decide
+    with (None = measure it as the run goes)."""
+    return make_policy(spec, constant_cost(target_pass_s) if target_pass_s is not None else None)
+
+
 def main(argv: list[str] | None = None) -> int:
     from drafters.registry import make_drafter, resident_layers
 
@@ -163,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     add_decode_args(ap)
     ap.add_argument("--drafter", default="ar", help="drafter SPEC (see drafters.registry)")
     ap.add_argument("--prompt", required=True)
+    ap.add_argument("--target-pass-s", type=float, default=None,
+                    help="seconds one target pass costs, for the cost-aware policies (e.g. 20 for a streamed 14B "
+                         "target); default: measured as the run goes")
     args = ap.parse_args(argv)
     torch.manual_seed(args.seed)
     target = load_target_from_args(args, resident_layers([args.drafter]))
@@ -186,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
 
     stream([])
 
-    gen = generate(target, drafter, ids, args.max_new_tokens, sampling, shape, make_policy(args.policy),
+    gen = generate(target, drafter, ids, args.max_new_tokens, sampling, shape, policy_for(args.policy, args.target_pass_s),
                    args.seed, on_tokens=stream)
     s = gen.stats
     print(f"\n[{drafter.name}] {s.new_tokens} tokens, {s.target_passes} target passes, tau {s.tau:.2f}, "

@@ -8,7 +8,7 @@ from typing import Protocol, runtime_checkable
 from torch import Tensor
 
 from decode.sampling import Rng, SamplingConfig
-from decode.target import KVCache, LayerReuse
+from decode.target import KVCache, LayerReuse, SideRows
 from decode.tree import DraftTree, Shape
 
 
@@ -26,6 +26,7 @@ class TargetStep:
     path: list[int]  # accepted node indices of the last draft (empty at begin)
     committed: int  # tokens in the target's KV cache
     cache: KVCache | None = None  # the target's cache: read-only below `committed`, scratch above
+    side_logits: Tensor | None = None  # [E, V] the target's logits at the drafter's side rows, if any
 
 
 @dataclass
@@ -39,7 +40,12 @@ class Budget:
 
 @runtime_checkable
 class Drafter(Protocol):
-    """A draft source. `hidden_ids` are the target hidden-state ids it needs in every TargetStep."""
+    """A draft source. `hidden_ids` are the target hidden-state ids it needs in every TargetStep.
+
+    Optional extras, read with getattr: `reuse()` (see layer_reuse), `side_rows()` (see side_rows),
+    and `token_probs = False` to declare that its trees never carry per-token probabilities
+    (DraftTree.conf), so length policies that need them refuse it before generating.
+    """
 
     name: str
     hidden_ids: tuple[int, ...]
@@ -55,4 +61,13 @@ class Drafter(Protocol):
 def layer_reuse(drafter: Drafter) -> LayerReuse | None:
     """The early layers a drafter already ran for this round's tree (LayerSkip-style), if any."""
     fn = getattr(drafter, "reuse", None)
+    return fn() if fn is not None else None
+
+
+def side_rows(drafter: Drafter) -> SideRows | None:
+    """Extra rows the drafter wants run in this round's target pass (lookahead's window), if any.
+
+    Their logits come back in the next TargetStep's side_logits; they are never committed.
+    """
+    fn = getattr(drafter, "side_rows", None)
     return fn() if fn is not None else None

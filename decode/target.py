@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from decode.tree import DraftTree, tree_attention_mask, tree_depths
+from decode.tree import DraftTree, ancestor_matrix, tree_attention_mask, tree_depths
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
@@ -283,18 +283,27 @@ class Target:
         return self.forward(prompt_ids, cache, hidden_ids=hidden_ids)
 
     def forward_tree(self, root: int, tree: DraftTree, cache: KVCache, hidden_ids: tuple[int, ...] = (),
-                     reuse: LayerReuse | None = None) -> ForwardOut:
+                     reuse: LayerReuse | None = None, side: SideRows | None = None) -> ForwardOut:
         """One pass over [root] + tree nodes; returns logits [1 + N, V] (row 0 = root).
 
         Positions are prefix length + depth, the mask lets a node see the prefix and its ancestors.
         With `reuse`, the first `reuse.layers` layers were already run (by an early-exit drafter,
         writing those layers' scratch KV) for the first rows: only the rest go through them.
+        With `side`, E more rows ride along in the same pass (logits [1 + N + E, V]): no tree row
+        sees them, so the tree's logits are unchanged, and their KV lands past the tree's, where
+        compacting to the accepted path drops it.
         """
         prefix = cache.lens[-1]
         parents = torch.cat([torch.tensor([-1]), tree.parents.cpu() + 1]) if tree.size else torch.tensor([-1])
         ids = torch.cat([torch.tensor([root]), tree.tokens.cpu()])
         positions = prefix + tree_depths(parents).to(self.device)
         mask = tree_attention_mask(parents, prefix, self.dtype, self.device) if tree.size else None
+        if side is not None and side.tokens.numel():
+            if reuse is not None:
+                raise ValueError("side rows and early-layer reuse cannot be combined in one tree pass")
+            ids = torch.cat([ids, side.tokens.cpu()])
+            positions = torch.cat([positions, prefix + side.offsets.to(self.device)])
+            mask = side_mask(parents, side, prefix, self.dtype, self.device)
         k = reuse.layers if reuse is not None else 0
         n = reuse.hidden.shape[0] if reuse is not None else 0
         if any(ln != prefix + (n if i < k else 0) for i, ln in enumerate(cache.lens)):
@@ -315,6 +324,33 @@ class Target:
             h_k = torch.cat([h_k, h_rest], dim=1)
         h, hid = self.run_layers(h_k, k, self.num_layers, cache, positions, mask, tuple(hidden_ids))
         return ForwardOut(self.head(h)[0], hid, h[0])
+
+
+@dataclass
+class SideRows:
+    """Rows verified alongside a tree but never committed (lookahead decoding's Jacobi window).
+
+    Each sees the whole cached prefix, the root if see[i, 0], side row j if see[i, 1 + j], and no
+    tree node; it sits at position (root's position + offsets[i]).
+    """
+
+    tokens: Tensor  # [E] long
+    offsets: Tensor  # [E] long
+    see: Tensor  # [E, 1 + E] bool
+
+
+def side_mask(parents: Tensor, side: SideRows, prefix: int, dtype: torch.dtype,
+              device: torch.device | str) -> Tensor:
+    """Additive float mask [1, 1, R, prefix + R] for R = 1 + N + E rows: [root] + tree, then side rows."""
+    n, e = parents.numel(), side.tokens.numel()
+    allowed = torch.zeros(n + e, n + e, dtype=torch.bool)
+    allowed[:n, :n] = ancestor_matrix(parents)  # the tree (root included) never sees side rows
+    see = side.see.cpu().bool()
+    allowed[n:, 0] = see[:, 0]
+    allowed[n:, n:] = see[:, 1:]
+    m = torch.zeros(n + e, prefix + n + e, dtype=dtype)
+    m[:, prefix:].masked_fill_(~allowed, torch.finfo(dtype).min)
+    return m.to(device).view(1, 1, n + e, prefix + n + e)
 
 
 @dataclass

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -20,13 +20,15 @@ class DraftTree:
     """What every drafter proposes: tokens [N], parents [N] (-1 = root), and q [N, V] or None.
 
     q[i] is the distribution node i was drawn from (siblings share it); None means a
-    deterministic proposal (top-k, lookup), verified as a point mass.
+    deterministic proposal (top-k, lookup), verified as a point mass. conf[i] is the drafter's
+    probability of token i (what adaptive length policies read); None = the drafter exposes none.
     """
 
     tokens: Tensor  # [N] long
     parents: Tensor  # [N] long
     q: Tensor | None = None  # [N, V]
     iid: bool = False  # siblings drawn i.i.d. (with replacement) rather than without replacement
+    conf: Tensor | None = None  # [N] float
 
     def __post_init__(self) -> None:
         self.tokens = torch.as_tensor(self.tokens, dtype=torch.long).view(-1)
@@ -45,9 +47,9 @@ class DraftTree:
         return DraftTree(torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long))
 
     @staticmethod
-    def chain(tokens, q: Tensor | None = None) -> DraftTree:
+    def chain(tokens, q: Tensor | None = None, conf: Tensor | None = None) -> DraftTree:
         tokens = torch.as_tensor(tokens, dtype=torch.long).view(-1)
-        return DraftTree(tokens, torch.arange(tokens.numel()) - 1, q)
+        return DraftTree(tokens, torch.arange(tokens.numel()) - 1, q, conf=conf)
 
     def children(self) -> list[list[int]]:
         """children[0] = root's children; children[i + 1] = node i's children, in node order."""
@@ -72,7 +74,8 @@ class DraftTree:
         remap[keep + 1] = torch.arange(keep.numel())
         parents = remap[self.parents[keep] + 1]
         q = self.q[keep] if self.q is not None else None
-        return DraftTree(self.tokens[keep], parents, q, self.iid)
+        conf = self.conf[keep] if self.conf is not None else None
+        return DraftTree(self.tokens[keep], parents, q, self.iid, conf)
 
 
 def tree_depths(parents: Tensor) -> Tensor:
@@ -113,13 +116,18 @@ def path_to(parents: Tensor, node: int) -> list[int]:
 
 # --- shapes -------------------------------------------------------------------------------
 
+# A chain's stop rule (set by an adaptive length policy): given the drafter's probabilities of the
+# tokens drafted so far this round, True = stop after the last one (it stays in the draft).
+StopRule = Callable[[list[float]], bool]
+
 
 @dataclass(frozen=True)
 class Shape:
     """How to grow a draft: `chain` (k tokens), `static` (a choice list), or `dynamic` (EAGLE-2)."""
 
     kind: str = "chain"
-    k: int = 8  # chain length
+    k: int = 8  # chain length (the most a stop rule lets it reach)
+    stop: StopRule | None = field(default=None, compare=False)  # chain: stop early (policies)
     choices: tuple[tuple[int, ...], ...] = ()  # static: each path is a tuple of child ranks
     topk: int = 8  # dynamic: children expanded per frontier node and frontier width
     depth: int = 6  # dynamic: levels
@@ -164,20 +172,27 @@ def step_root(step: StepFn, root: int) -> Tensor:
     return step([-1], [root], [-2])[0]
 
 
-def grow_chain(step: StepFn, root: int, k: int, sample: Callable[[Tensor], tuple[int, Tensor | None]]) -> DraftTree:
-    """k tokens, each drawn by `sample(logprobs) -> (token, q or None)` from the previous one."""
+def grow_chain(step: StepFn, root: int, k: int, sample: Callable[[Tensor], tuple[int, Tensor | None]],
+               stop: StopRule | None = None) -> DraftTree:
+    """Up to k tokens, each drawn by `sample(logprobs) -> (token, q or None)` from the previous one.
+
+    After each token, `stop(confidences so far)` may end the chain early (before the next drafter
+    step is paid for). conf records the drafter's probability of each drafted token.
+    """
     if k <= 0:
         return DraftTree.empty()
     lp = step_root(step, root)
-    tokens, qs = [], []
+    tokens, qs, conf = [], [], []
     for i in range(k):
         tok, q = sample(lp)
         tokens.append(tok)
         qs.append(q)
-        if i + 1 < k:
-            lp = step([i], [tok], [i - 1])[0]
+        conf.append(float(lp[tok].exp()))
+        if i + 1 == k or (stop is not None and stop(conf)):
+            break
+        lp = step([i], [tok], [i - 1])[0]
     q = torch.stack(qs) if qs and qs[0] is not None else None
-    return DraftTree.chain(tokens, q)
+    return DraftTree.chain(tokens, q, torch.tensor(conf))
 
 
 def grow_static(step: StepFn, root: int, choices: tuple[tuple[int, ...], ...]) -> DraftTree:
@@ -247,7 +262,7 @@ def grow_dynamic(step: StepFn, root: int, topk: int, depth: int, nodes: int) -> 
 def grow(step: StepFn, root: int, shape: Shape, sample: Callable[[Tensor], tuple[int, Tensor | None]]) -> DraftTree:
     """Grow a draft of the given shape with a drafter's step function."""
     if shape.kind == "chain":
-        return grow_chain(step, root, shape.k, sample)
+        return grow_chain(step, root, shape.k, sample, shape.stop)
     if shape.kind == "static":
         return grow_static(step, root, shape.choices)
     if shape.kind == "dynamic":

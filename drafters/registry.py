@@ -13,8 +13,8 @@ SPEC_FORMS = [
     "early-exit:K",
     "skip:i,j,...",
     "draft-model:DIR",
-    "prompt-lookup[:ngram=3,k=10]",
-    "lookahead[:window=..,ngram=..,guesses=..]",
+    "prompt-lookup[:ngram=3,min=1,k=10,branches=4]",
+    "lookahead[:window=8,ngram=4,guesses=8]",
     "a native checkpoint directory (config.json with a draftsmith drafter kind)",
     "an exported EAGLE-3 directory",
 ]
@@ -68,12 +68,28 @@ def _ar(target: Target, arg: str, spec: str) -> Drafter:
     return ARDrafter()
 
 
+def _prompt_lookup(target: Target, arg: str, spec: str) -> Drafter:
+    from drafters.prompt_lookup import PromptLookupDrafter
+
+    kw = parse_kv(arg, {"ngram": 3, "min": 1, "k": 10, "branches": 4}, spec)
+    return PromptLookupDrafter(kw["ngram"], kw["min"], kw["k"], kw["branches"])
+
+
+def _lookahead(target: Target, arg: str, spec: str) -> Drafter:
+    from drafters.lookahead import LookaheadDrafter
+
+    kw = parse_kv(arg, {"window": 8, "ngram": 4, "guesses": 8}, spec)
+    return LookaheadDrafter(target, kw["window"], kw["ngram"], kw["guesses"])
+
+
 # name -> factory(target, text after ':', whole spec). Other modules register their own forms here.
 FACTORIES: dict[str, Callable[[Target, str, str], Drafter]] = {
     "ar": _ar,
     "early-exit": _early_exit,
     "skip": _skip,
     "draft-model": _draft_model,
+    "prompt-lookup": _prompt_lookup,
+    "lookahead": _lookahead,
 }
 
 def _native_dir(target: Target, path: Path) -> Drafter | None:
