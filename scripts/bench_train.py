@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -44,12 +45,16 @@ def main() -> int:
     ap.add_argument("--out", default="runs/bench_train")
     args = ap.parse_args()
     rows = []
+    out = Path(args.out)
     for kind in args.kinds:
         recipe = f"recipes/stories260K/{kind}.yaml"
-        run_dir = REPO / "runs" / kind
+        run_dir = REPO / out / kind
+        where = [f"run_dir={out / kind}"]  # a fresh run of the recipe as written (regenerated data is shared)
         if not args.skip_train:
-            fs, fmem = timed(["-m", "train.features", recipe])
-            ts, tmem = timed(["-m", "train", recipe])
+            if run_dir.exists():
+                shutil.rmtree(run_dir)
+            fs, fmem = timed(["-m", "train.features", recipe, *where])
+            ts, tmem = timed(["-m", "train", recipe, *where])
         else:
             fs = fmem = ts = tmem = float("nan")
         metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -66,9 +71,10 @@ def main() -> int:
 
     drafters = ["early-exit:2", f"early-exit:2@{TREE}"]
     for kind in args.kinds:
-        drafters += [f"runs/{kind}/export", f"runs/{kind}/export@{TREE}"]
+        drafters += [f"{args.out}/{kind}/export", f"{args.out}/{kind}/export@{TREE}"]
     cmd = [sys.executable, "-m", "decode.evaluate", "--target", "recipes/targets/stories260K", "--prompts",
-           "recipes/prompts/stories_dev.txt", "--max-new-tokens", "128", "--threads", "1", "--out", args.out]
+           "recipes/prompts/stories_dev.txt", "--max-new-tokens", "128", "--threads", "1", "--out",
+           str(out / "eval")]
     for d in drafters:
         cmd += ["--drafter", d]
     print("\n## decoding (dev prompts, greedy, 128 new tokens; chain k=8 and " + TREE + ")", flush=True)

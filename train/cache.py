@@ -31,7 +31,7 @@ INDEX = "index.json"
 STORAGE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-class CacheError(RuntimeError):
+class CacheError(ValueError):
     """A feature cache that cannot be used: missing, unreadable, or built from something else."""
 
 
