@@ -108,7 +108,7 @@ def engine_report(path: Path, fmt: str, cfg: dict, facts: TargetFacts, target_to
     except (ValueError, FileNotFoundError) as e:
         rep.problems.append(Problem(str(e), "provide the weights as model.safetensors"))
         shapes = None
-    found = problems(fmt, cfg, shapes or {}, facts, optional=frozenset({SHARED_EMBEDDING}))
+    found = problems(fmt, cfg, shapes or {}, facts, frozenset({SHARED_EMBEDDING} if fmt in LAYER_PREFIX else ()))
     rep.problems += [p for p in found if shapes is not None or not p.what.startswith("model.safetensors")]
     if fmt in LAYER_PREFIX:
         ids, explicit = capture_ids_hf(fmt, cfg, facts.layers)

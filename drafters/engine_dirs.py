@@ -66,8 +66,8 @@ def target_facts(target: Target) -> TargetFacts:
 
 def refuse_problems(path: Path, fmt: str, cfg: dict, tensors: dict[str, Tensor], target: Target) -> None:
     """Raise on problems that change what the drafter computes here; warn about engine-only ones."""
-    found = problems(fmt, cfg, {k: tuple(v.shape) for k, v in tensors.items()}, target_facts(target),
-                     optional=frozenset({SHARED_EMBEDDING}))
+    optional = frozenset({SHARED_EMBEDDING} if fmt in LAYER_PREFIX else ())  # ignored: engines share the target's
+    found = problems(fmt, cfg, {k: tuple(v.shape) for k, v in tensors.items()}, target_facts(target), optional)
     blocking = [p for p in found if p.blocks_import]
     if blocking:
         raise ValueError(f"{path}: this {fmt} drafter does not fit the target:\n  " + "\n  ".join(map(str, blocking))
