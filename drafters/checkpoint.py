@@ -1,7 +1,8 @@
 """Native drafter checkpoints (DESIGN §5): a directory with config.json + model.safetensors (+ adapter/).
 
 config.json: {"draftsmith_drafter": kind, "format_version", "config": the drafter's config dataclass,
-"target": {"name_or_path", "fingerprint"}, "capture_ids", "draft_vocab_size", "recipe"}.
+"target": {"name_or_path", "fingerprint", "tokenizer" (vocabulary digest, for `draftsmith doctor`)},
+"capture_ids" (HF hidden-state ids), "draft_vocab_size", "recipe"}.
 model.safetensors: the module's state dict, i.e. only what the drafter trained (and EAGLE-3's
 d2t/t2d): the target's embedding and LM head are never in it. LayerSkip-LoRA keeps its adapter in
 `adapter/` as a standard peft adapter directory. Loading reads safetensors only (never unpickles) and
@@ -23,6 +24,7 @@ from torch import nn
 
 from decode.protocol import Drafter
 from decode.target import Target
+from drafters.layouts import tokenizer_digest
 
 FORMAT_VERSION = 1
 ADAPTER_DIR = "adapter"
@@ -72,8 +74,6 @@ def config_from_dict(cls: type, d: dict):
 
 def native_meta(module: nn.Module, recipe: dict | None = None, target_id: str | None = None) -> dict:
     """config.json of a native checkpoint of `module` (no tensors read: works on the meta device too)."""
-    from drafters.layouts import tokenizer_digest
-
     kinds = drafter_kinds()
     if getattr(module, "kind", None) not in kinds:
         raise TypeError(f"{type(module).__name__} is not a draftsmith drafter module ({sorted(kinds)}); "
