@@ -246,8 +246,11 @@ def test_unfit_format_is_a_clear_error(tmp_path, target_dir, capsys, kind, fmt):
 
 
 def test_cli_reports_the_capture_id_offset(tmp_path, target_dir, capsys):
+    from decode.cli import main as draftsmith
+
     m = build("eagle3", Target.load(target_dir))
-    assert main([str(run_dir(tmp_path, m, target_dir)), "--format", "eagle3", "--out", str(tmp_path / "e")]) == 0
+    assert draftsmith(["export", str(run_dir(tmp_path, m, target_dir)), "--format", "eagle3",
+                       "--out", str(tmp_path / "e")]) == 0
     ids = list(m.config.capture_ids)
     assert f"HF hidden-state ids {ids} = SGLang eagle_aux_hidden_state_layer_ids {[i - 1 for i in ids]}" \
         in capsys.readouterr().out
