@@ -116,6 +116,9 @@ def engine_report(path: Path, fmt: str, cfg: dict, facts: TargetFacts, target_to
         rep.summary += (f"; capture ids (HF) {ids} = {'SGLang' if fmt == 'eagle3' else 'vLLM'} {engine_ids}"
                         f"{'' if explicit else ' (engine default)'}; draft vocab {cfg.get('draft_vocab_size')} "
                         f"of {facts.vocab}")
+        if not explicit:
+            rep.notes.append(f"the config names no capture ids: engines (and draftsmith) use the default HF ids {ids}; "
+                             "if the drafter was trained on other layers, write them into the config")
         layer = cfg if fmt == "eagle3" else cfg.get("transformer_layer_config") or {}
         eps = layer.get("rms_norm_eps")
         if eps is not None and float(eps) != facts.eps:

@@ -100,7 +100,10 @@ def load_eagle3(path: Path, target: Target):
     prefix = LAYER_PREFIX[fmt]
     state = {k.replace(prefix, "midlayer.", 1): v for k, v in tensors.items() if k != SHARED_EMBEDDING}
     draft_vocab(state["d2t"], state["t2d"], target.vocab_size, path)
-    ids, _ = capture_ids_hf(fmt, cfg, target.num_layers)
+    ids, explicit = capture_ids_hf(fmt, cfg, target.num_layers)
+    if not explicit:
+        print(f"[{path}] warning: the config names no capture ids; using the engines' default HF ids {ids}",
+              file=sys.stderr)
     module = Eagle3(target, Eagle3Config(capture_ids=tuple(ids), draft_vocab_size=state["d2t"].numel(),
                                          intermediate_size=layer["intermediate_size"]))
     module.load_state_dict(state)  # strict: problems() already matched every key and shape

@@ -344,7 +344,7 @@ def eagle3_problems(fmt: str, cfg: dict, t: TargetFacts) -> list[Problem]:
          "EAGLE-3's draft layer is a SwiGLU (silu) Llama layer")
     need(cfg.get("target_hidden_size") in (None, t.hidden), f"target_hidden_size is {cfg.get('target_hidden_size')}",
          "draftsmith supports drafters as wide as the target (target_hidden_size null)")
-    ids, explicit = capture_ids_hf(fmt, cfg, t.layers)
+    ids, _ = capture_ids_hf(fmt, cfg, t.layers)
     lo, hi, conv = (-1, t.layers - 2, "SGLang ids = HF hidden-state ids - 1") if fmt == "eagle3" \
         else (0, t.layers - 1, "vLLM ids = HF hidden-state ids")
     shown = [i - 1 for i in ids] if fmt == "eagle3" else ids
@@ -357,10 +357,6 @@ def eagle3_problems(fmt: str, cfg: dict, t: TargetFacts) -> list[Problem]:
              "(vLLM assumes true when the field is absent)")
         need(_get(cfg, "speculators_config.algorithm") == "eagle3", "speculators_config.algorithm is not eagle3",
              'set speculators_config.algorithm to "eagle3"')
-    if not explicit:
-        out.append(Problem(f"the config names no capture ids; engines default to HF ids {ids}",
-                           "add them explicitly (eagle_config.eagle_aux_hidden_state_layer_ids) if the drafter "
-                           "was trained on other layers", blocks_import=False))
     return out
 
 

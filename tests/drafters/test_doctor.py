@@ -134,6 +134,15 @@ def test_tampered_weights_name_the_key(dirs, tmp_path, layout, key, how):
     assert len(whats) == 1 and want in whats[0]
 
 
+def test_default_capture_ids_are_a_note(dirs, tmp_path):
+    """Releases without eagle_config get SGLang's default ids (2, L//2, L-3) as HF ids: a note, not a problem."""
+    d = copy(dirs["eagle3"], tmp_path / "d")
+    edit_config(d, lambda c: c.pop("eagle_config"))
+    rep = diagnose(d, str(dirs["target"]))
+    assert not rep.problems and "capture ids (HF) [2, 2, 1] = SGLang [1, 1, 0] (engine default)" in rep.summary
+    assert any("names no capture ids" in n for n in rep.notes)
+
+
 def test_embedding_copy_is_a_note_not_a_problem(dirs, tmp_path):
     d = copy(dirs["eagle3"], tmp_path / "d")
     state = load_file(str(d / "model.safetensors"))
