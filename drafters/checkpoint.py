@@ -1,7 +1,8 @@
 """Native drafter checkpoints (DESIGN §5): a directory with config.json + model.safetensors (+ adapter/).
 
 config.json: {"draftsmith_drafter": kind, "format_version", "config": the drafter's config dataclass,
-"target": {"name_or_path", "fingerprint"}, "capture_ids", "draft_vocab_size", "recipe"}.
+"target": {"name_or_path", "fingerprint", "tokenizer" (vocabulary digest, for `draftsmith doctor`)},
+"capture_ids" (HF hidden-state ids), "draft_vocab_size", "recipe"}.
 model.safetensors: the module's state dict, i.e. only what the drafter trained (and EAGLE-3's
 d2t/t2d): the target's embedding and LM head are never in it. LayerSkip-LoRA keeps its adapter in
 `adapter/` as a standard peft adapter directory. Loading reads safetensors only (never unpickles) and
@@ -17,11 +18,13 @@ import tempfile
 from dataclasses import asdict, fields
 from pathlib import Path
 
+import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 from decode.protocol import Drafter
 from decode.target import Target
+from drafters.layouts import tokenizer_digest
 
 FORMAT_VERSION = 1
 ADAPTER_DIR = "adapter"
@@ -39,19 +42,24 @@ def drafter_kinds() -> dict[str, tuple[type, type]]:
             "layerskip": (LayerSkip, LayerSkipConfig)}
 
 
-def target_fingerprint(target: Target) -> dict:
-    """The target facts a drafter's weights depend on: sizes, vocabulary, depth, rope base."""
-    c = target.config
-    fp = {k: getattr(c, k, None) for k in FINGERPRINT_KEYS}
-    fp["head_dim"] = fp["head_dim"] or c.hidden_size // c.num_attention_heads
-    fp["vocab_size"] = target.vocab_size
-    rope = getattr(c, "rope_parameters", None) or {}
-    fp["rope_theta"] = float(rope.get("rope_theta", getattr(c, "rope_theta", 0.0)) or 0.0)
+def config_fingerprint(config: dict, vocab_size: int | None = None) -> dict:
+    """The target facts a drafter's weights depend on, from a config dict: sizes, vocabulary, depth, rope base."""
+    fp = {k: config.get(k) for k in FINGERPRINT_KEYS}
+    fp["head_dim"] = fp["head_dim"] or config["hidden_size"] // config["num_attention_heads"]
+    fp["vocab_size"] = vocab_size or config.get("vocab_size")
+    rope = config.get("rope_parameters") or {}
+    fp["rope_theta"] = float(rope.get("rope_theta", config.get("rope_theta", 0.0)) or 0.0)
     return fp
 
 
-def fingerprint_mismatch(saved: dict, target: Target) -> list[str]:
-    now = target_fingerprint(target)
+def target_fingerprint(target: Target) -> dict:
+    """config_fingerprint of a loaded target (its vocabulary = the LM head's rows)."""
+    return config_fingerprint(target.config.to_dict(), target.vocab_size)
+
+
+def fingerprint_mismatch(saved: dict, target: Target | dict) -> list[str]:
+    """What differs between a checkpoint's fingerprint and a target (loaded, or a fingerprint dict)."""
+    now = target if isinstance(target, dict) else target_fingerprint(target)
     return [f"{k}: drafter trained for {saved[k]!r}, target has {now.get(k)!r}" for k in saved if saved[k] != now.get(k)]
 
 
@@ -64,34 +72,51 @@ def config_from_dict(cls: type, d: dict):
     return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
 
 
-def save_drafter(module: nn.Module, out_dir: str | os.PathLike, recipe: dict | None = None,
-                 target_id: str | None = None) -> Path:
-    """Write a native checkpoint atomically: build it in a temp dir next to out_dir, then rename into place."""
-    out = Path(out_dir)
+def native_meta(module: nn.Module, recipe: dict | None = None, target_id: str | None = None) -> dict:
+    """config.json of a native checkpoint of `module` (no tensors read: works on the meta device too)."""
     kinds = drafter_kinds()
     if getattr(module, "kind", None) not in kinds:
         raise TypeError(f"{type(module).__name__} is not a draftsmith drafter module ({sorted(kinds)}); "
                         "unwrap a DDP/FSDP-wrapped module first (accelerator.unwrap_model)")
     target = module.target
     cfg = module.config
-    meta = {
+    return {
         "draftsmith_drafter": module.kind,
         "format_version": FORMAT_VERSION,
         "config": asdict(cfg),
         "target": {"name_or_path": target_id or getattr(target, "name_or_path", None),
-                   "fingerprint": target_fingerprint(target)},
+                   "fingerprint": target_fingerprint(target), "tokenizer": tokenizer_digest(target.tokenizer)},
         "capture_ids": list(getattr(cfg, "capture_ids", ())) or None,
         "draft_vocab_size": getattr(cfg, "draft_vocab_size", None),
         "recipe": recipe,
     }
+
+
+def save_drafter(module: nn.Module, out_dir: str | os.PathLike, recipe: dict | None = None,
+                 target_id: str | None = None) -> Path:
+    """Write a native checkpoint atomically: build it in a temp dir next to out_dir, then rename into place."""
+    meta = native_meta(module, recipe, target_id)
     state = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items() if not k.startswith("lora.")}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+
+    def write(tmp: Path) -> None:
         (tmp / "config.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         if hasattr(module, "lora"):
             module.save_adapter(tmp / ADAPTER_DIR)
+
+    return write_atomically(out_dir, write)
+
+
+def write_atomically(out_dir: str | os.PathLike, write) -> Path:
+    """Build a directory with `write(tmp_dir)` in a temp dir next to out_dir, then rename it into place.
+
+    A failure leaves the old out_dir (if any) untouched and no temp dir behind.
+    """
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        write(tmp)
         old = None
         if out.exists():
             old = out.with_name(f".{out.name}.old-{os.getpid()}")
@@ -128,6 +153,24 @@ def new_drafter(kind: str, target: Target, config: dict | object | None = None, 
     elif config is not None and not isinstance(config, cfg_cls):
         raise TypeError(f"a {kind} drafter needs a {cfg_cls.__name__}, got {type(config).__name__}")
     return cls(target, config, **kwargs)
+
+
+def skeleton_target(config) -> Target:
+    """A target built on the meta device from its config (a PretrainedConfig): every shape, no weights."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return Target(model.eval().requires_grad_(False))
+
+
+def native_shapes(meta: dict, target: Target) -> dict[str, tuple[int, ...]]:
+    """{key: shape} of model.safetensors of a native checkpoint (meta = its config.json) on `target`.
+
+    Builds the drafter module for real, so pass a skeleton_target to keep it free for 14B-sized targets.
+    """
+    module = new_drafter(meta["draftsmith_drafter"], target, meta["config"])
+    return {k: tuple(v.shape) for k, v in module.state_dict().items() if not k.startswith("lora.")}
 
 
 def load_drafter(ckpt_dir: str | os.PathLike, target: Target) -> nn.Module:

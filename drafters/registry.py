@@ -16,7 +16,7 @@ SPEC_FORMS = [
     "prompt-lookup[:ngram=3,min=1,k=10,branches=4]",
     "lookahead[:window=8,ngram=4,guesses=8]",
     "a native checkpoint directory (config.json with a draftsmith drafter kind)",
-    "an exported EAGLE-3 directory",
+    "an exported EAGLE-3 directory (SGLang or speculators layout) or a vLLM Medusa directory",
 ]
 
 
@@ -98,8 +98,14 @@ def _native_dir(target: Target, path: Path) -> Drafter | None:
     return load_as_drafter(target, path)
 
 
+def _engine_dir(target: Target, path: Path) -> Drafter | None:
+    from drafters.engine_dirs import load_as_drafter
+
+    return load_as_drafter(target, path)
+
+
 # Checkpoint directories: loaders tried in order, each returning None when the directory is not theirs.
-DIR_LOADERS: list[Callable[[Target, Path], Drafter | None]] = [_native_dir]
+DIR_LOADERS: list[Callable[[Target, Path], Drafter | None]] = [_native_dir, _engine_dir]
 
 
 # Target layers a drafter runs itself, read from its SPEC before the target is loaded, so a streamed

@@ -14,7 +14,7 @@ from drafters import checkpoint
 from drafters.checkpoint import load_drafter, save_drafter
 from drafters.registry import make_drafter
 from tests.conftest import tiny_target
-from tests.drafters.batches import KINDS, build, record_rounds
+from tests.drafters.batches import KINDS, build, make_batch, record_rounds
 
 PROMPT = torch.tensor([1, 5, 9, 33, 17, 4, 60])
 
@@ -167,3 +167,40 @@ def test_load_weights_into_the_live_module_resumes(tmp_path, kind):
             p.add_(1.0)
     load_weights(m, out)
     assert all(torch.equal(v, m.state_dict()[k]) for k, v in before.items())
+
+
+def test_training_checkpoint_resumes_without_unpickling_objects(tmp_path, monkeypatch):
+    """The loop's checkpoints/step_N (accelerate save_state): weights as safetensors, the rest (optimizer,
+    scheduler, RNG) loaded back only with torch.load(weights_only=True), which rebuilds no arbitrary object."""
+    from train.loop import LossModule, TrainConfig, make_accelerator
+
+    target = tiny_target("qwen3")
+    m = build("medusa", target)
+    acc = make_accelerator(TrainConfig(report_to="none"), tmp_path)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    model, opt, sched = acc.prepare(LossModule(m), opt, sched)
+    ids = torch.randint(3, target.vocab_size, (2, 12))
+    loss, _ = model(make_batch(target, ids, m.feature_ids()), 0)
+    acc.backward(loss)
+    opt.step()
+    acc.save_state(str(tmp_path / "step_1"))
+    files = sorted(p.name for p in (tmp_path / "step_1").iterdir())
+    assert "model.safetensors" in files and not any(f.startswith("pytorch_model") for f in files), files
+
+    calls = []
+    real = torch.load
+
+    def recording_load(*args, **kwargs):
+        calls.append(kwargs.get("weights_only"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", recording_load)
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(1.0)
+    acc.load_state(str(tmp_path / "step_1"))
+    assert len(calls) >= 3 and all(w is True for w in calls), calls  # optimizer, scheduler, RNG: weights_only loads
+    assert all(torch.equal(v, m.state_dict()[k]) for k, v in before.items())
+    acc.end_training()
