@@ -14,7 +14,7 @@ from torch import Tensor
 
 from decode.protocol import Budget, TargetStep
 from decode.sampling import probs_from_logits
-from decode.target import KVCache, causal_mask
+from decode.target import KVCache, LayerReuse, causal_mask
 from decode.tree import DraftTree, grow
 
 # run(ids [T], positions [T], mask [1, 1, T, S] or None, cache) -> (logits [T, V], state [T, D])
@@ -134,3 +134,44 @@ class CachedLM:
     def scratch_states(self) -> Tensor:
         return torch.cat(self.states, dim=0) if self.states else torch.zeros(0)
 
+
+
+class LMDrafter:
+    """The drafter protocol around a CachedLM: all a token-level LM drafter needs besides its `run`.
+
+    Early exit, layer skipping, a separate draft model and LayerSkip-LoRA differ only in `run`,
+    in whether they draft on the target's own KV cache (`shared`), and in whether a chain's
+    verification may reuse their first `reuse_layers` layers (early exit: the scratch KV and the
+    layer-K states are exactly what the target would compute). Everything else is this class.
+    """
+
+    hidden_ids: tuple[int, ...] = ()
+
+    def __init__(self, name: str, run: RunFn, dtype: torch.dtype, device: torch.device, num_layers: int,
+                 shared: bool, reuse_layers: int = 0) -> None:
+        self.name, self.shared, self.reuse_layers = name, shared, reuse_layers
+        self.lm = CachedLM(run, dtype, device, num_layers)
+        self._reuse: LayerReuse | None = None
+
+    @property
+    def forward_passes(self) -> int:
+        return self.lm.passes
+
+    def begin(self, prompt_ids: Tensor, step: TargetStep) -> None:
+        self.lm.begin(prompt_ids, step, shared=self.shared)
+
+    def propose(self, budget: Budget) -> DraftTree:
+        tree = self.lm.propose(budget)
+        self._reuse = None
+        if self.reuse_layers and budget.shape.kind == "chain" and tree.size:
+            # chain: scratch slots (root, d1..d_{k-1}) are verification rows 0..k-1, in order
+            self._reuse = LayerReuse(self.reuse_layers, self.lm.scratch_states())
+        else:
+            self.lm.drop_scratch()  # trees are grown in another order than their verification rows
+        return tree
+
+    def reuse(self) -> LayerReuse | None:
+        return self._reuse
+
+    def accept(self, step: TargetStep) -> None:
+        self.lm.accept(step)

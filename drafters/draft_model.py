@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from decode.protocol import Budget, TargetStep
 from decode.target import Target
-from decode.tree import DraftTree
-from drafters.common import CachedLM
+from drafters.common import LMDrafter
 
 
 def check_same_tokenizer(target: Target, draft: Target, what: str) -> None:
@@ -29,29 +27,12 @@ def check_same_tokenizer(target: Target, draft: Target, what: str) -> None:
         raise ValueError(f"{what}: LM head covers {draft.vocab_size} tokens, the tokenizer has {len(tt.get_vocab())}")
 
 
-class DraftModelDrafter:
-    hidden_ids: tuple[int, ...] = ()
+def draft_model(target: Target, draft: Target, name: str = "draft-model") -> LMDrafter:
+    """A separate model drafting on its own KV cache (catching up on accepted tokens each round)."""
+    check_same_tokenizer(target, draft, name)
 
-    def __init__(self, target: Target, draft: Target, name: str = "draft-model") -> None:
-        check_same_tokenizer(target, draft, name)
-        self.target, self.draft, self.name = target, draft, name
-        self.lm = CachedLM(self._run, draft.dtype, draft.device, draft.num_layers)
+    def run(ids: Tensor, positions: Tensor, mask: Tensor | None, cache) -> tuple[Tensor, Tensor]:
+        out = draft.forward(ids, cache, positions, mask)
+        return out.logits[:, : target.vocab_size], out.last
 
-    @property
-    def forward_passes(self) -> int:
-        return self.lm.passes
-
-    def _run(self, ids: Tensor, positions: Tensor, mask: Tensor | None, cache) -> tuple[Tensor, Tensor]:
-        out = self.draft.forward(ids, cache, positions, mask)
-        return out.logits[:, : self.target.vocab_size], out.last
-
-    def begin(self, prompt_ids: Tensor, step: TargetStep) -> None:
-        self.lm.begin(prompt_ids, step, shared=False)
-
-    def propose(self, budget: Budget) -> DraftTree:
-        tree = self.lm.propose(budget)
-        self.lm.drop_scratch()
-        return tree
-
-    def accept(self, step: TargetStep) -> None:
-        self.lm.accept(step)
+    return LMDrafter(name, run, draft.dtype, draft.device, draft.num_layers, shared=False)

@@ -24,12 +24,10 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from decode.protocol import Budget, TargetStep
 from decode.target import Target
-from decode.tree import DraftTree
-from drafters.common import CachedLM
+from drafters.common import LMDrafter
 from drafters.draft_layer import RMSNorm, causal_padding_mask
-from drafters.early_exit import EarlyExitDrafter
+from drafters.early_exit import early_exit
 
 ADAPTER = "draftsmith_layerskip"  # peft adapter name inside the target's modules
 PEFT_PREFIX = "base_model.model."  # key prefix of a standard peft adapter directory
@@ -273,37 +271,17 @@ class LayerSkip(nn.Module):
         name = name or f"{self.kind}:{self.config.draft_exit}"
         E = self.config.draft_exit
         if self.config.mode == "exit_head":
-            return EarlyExitDrafter(self.target, E, reuse=True, head=lambda h: self.exit_logits(E, h), name=name)
-        return LoraExitDrafter(self, name)
+            return early_exit(self.target, E, reuse=True, head=lambda h: self.exit_logits(E, h), name=name)
+        return lora_exit(self, name)
 
 
-class LoraExitDrafter:
+def lora_exit(module: LayerSkip, name: str) -> LMDrafter:
     """LayerSkip-LoRA drafting: layers[:E] with adapters on + the exit head, on the drafter's own KV cache."""
+    t, E = module.target, module.config.draft_exit
 
-    hidden_ids: tuple[int, ...] = ()
-
-    def __init__(self, module: LayerSkip, name: str) -> None:
-        self.m, self.name = module, name
-        t = module.target
-        self.lm = CachedLM(self._run, t.dtype, t.device, t.num_layers)
-
-    @property
-    def forward_passes(self) -> int:
-        return self.lm.passes
-
-    def _run(self, ids: Tensor, positions: Tensor, mask: Tensor | None, cache) -> tuple[Tensor, Tensor]:
-        t, E = self.m.target, self.m.config.draft_exit
-        with self.m.adapters_on():
+    def run(ids: Tensor, positions: Tensor, mask: Tensor | None, cache) -> tuple[Tensor, Tensor]:
+        with module.adapters_on():
             h, _ = t.run_layers(t.embed(ids), 0, E, cache, positions, mask)
-        return self.m.exit_logits(E, h)[0], h[0]  # [T, V], [T, D]
+        return module.exit_logits(E, h)[0], h[0]  # [T, V], [T, D]
 
-    def begin(self, prompt_ids: Tensor, step: TargetStep) -> None:
-        self.lm.begin(prompt_ids, step, shared=False)
-
-    def propose(self, budget: Budget) -> DraftTree:
-        tree = self.lm.propose(budget)
-        self.lm.drop_scratch()
-        return tree
-
-    def accept(self, step: TargetStep) -> None:
-        self.lm.accept(step)
+    return LMDrafter(name, run, t.dtype, t.device, t.num_layers, shared=False)

@@ -39,27 +39,27 @@ def _ints(arg: str, spec: str) -> list[int]:
 
 
 def _early_exit(target: Target, arg: str, spec: str) -> Drafter:
-    from drafters.early_exit import EarlyExitDrafter
+    from drafters.early_exit import early_exit
 
     ks = _ints(arg, spec)
     if len(ks) != 1:
         raise ValueError(f"drafter {spec!r}: expected early-exit:K")
-    return EarlyExitDrafter(target, ks[0])
+    return early_exit(target, ks[0])
 
 
 def _skip(target: Target, arg: str, spec: str) -> Drafter:
-    from drafters.skip import SkipDrafter
+    from drafters.skip import skip_layers
 
-    return SkipDrafter(target, _ints(arg, spec))
+    return skip_layers(target, _ints(arg, spec))
 
 
 def _draft_model(target: Target, arg: str, spec: str) -> Drafter:
-    from drafters.draft_model import DraftModelDrafter
+    from drafters.draft_model import draft_model
 
     if not arg:
         raise ValueError("drafter 'draft-model:DIR' needs a model directory")
     draft = Target.load(arg, dtype=str(target.dtype).removeprefix("torch."), device=str(target.device))
-    return DraftModelDrafter(target, draft, name=spec)
+    return draft_model(target, draft, name=spec)
 
 
 def _ar(target: Target, arg: str, spec: str) -> Drafter:

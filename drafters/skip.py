@@ -9,42 +9,21 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from decode.protocol import Budget, TargetStep
 from decode.target import Target
-from decode.tree import DraftTree
-from drafters.common import CachedLM
+from drafters.common import LMDrafter
 
 
-class SkipDrafter:
-    hidden_ids: tuple[int, ...] = ()
+def skip_layers(target: Target, skip: list[int]) -> LMDrafter:
+    L = target.num_layers
+    bad = [i for i in skip if not 0 <= i < L]
+    if bad or not skip:
+        raise ValueError(f"skip:{','.join(map(str, skip))}: layer indices must be in 0..{L - 1} (got {bad or 'none'})")
+    if len(set(skip)) >= L:
+        raise ValueError("skip: cannot skip every layer")
+    skipped = frozenset(skip)
 
-    def __init__(self, target: Target, skip: list[int]) -> None:
-        L = target.num_layers
-        bad = [i for i in skip if not 0 <= i < L]
-        if bad or not skip:
-            raise ValueError(f"skip:{','.join(map(str, skip))}: layer indices must be in 0..{L - 1} (got {bad or 'none'})")
-        if len(set(skip)) >= L:
-            raise ValueError("skip: cannot skip every layer")
-        self.target, self.skip = target, frozenset(skip)
-        self.name = "skip:" + ",".join(map(str, sorted(self.skip)))
-        self.lm = CachedLM(self._run, target.dtype, target.device, L)
+    def run(ids: Tensor, positions: Tensor, mask: Tensor | None, cache) -> tuple[Tensor, Tensor]:
+        h, _ = target.run_layers(target.embed(ids), 0, L, cache, positions, mask, skip=skipped)
+        return target.head(h)[0], h[0]
 
-    @property
-    def forward_passes(self) -> int:
-        return self.lm.passes
-
-    def _run(self, ids: Tensor, positions: Tensor, mask: Tensor | None, cache) -> tuple[Tensor, Tensor]:
-        t = self.target
-        h, _ = t.run_layers(t.embed(ids), 0, t.num_layers, cache, positions, mask, skip=self.skip)
-        return t.head(h)[0], h[0]
-
-    def begin(self, prompt_ids: Tensor, step: TargetStep) -> None:
-        self.lm.begin(prompt_ids, step, shared=True)
-
-    def propose(self, budget: Budget) -> DraftTree:
-        tree = self.lm.propose(budget)
-        self.lm.drop_scratch()
-        return tree
-
-    def accept(self, step: TargetStep) -> None:
-        self.lm.accept(step)
+    return LMDrafter("skip:" + ",".join(map(str, sorted(skipped))), run, target.dtype, target.device, L, shared=True)

@@ -87,12 +87,12 @@ def test_static_tree_file_and_dynamic_spec(tmp_path, stories):
 def test_early_exit_reuse_is_exact(stories):
     """Verification that reuses the drafter's layer-K states and KV equals a full recompute."""
     from decode.protocol import Budget, TargetStep, layer_reuse
-    from drafters.early_exit import EarlyExitDrafter
+    from drafters.early_exit import early_exit
 
     ids = encode_prompt(stories, "Sam had a red ball that he loved very much.")
     outs, caches = [], []
     for reuse in (True, False):
-        d = EarlyExitDrafter(stories, 3, reuse=reuse)
+        d = early_exit(stories, 3, reuse=reuse)
         cache = stories.new_cache()
         pre = stories.prefill(ids, cache)
         first = int(pre.logits[-1].argmax())

@@ -7,7 +7,7 @@ import torch
 
 from decode.generate import generate
 from decode.tree import Shape
-from drafters.early_exit import EarlyExitDrafter
+from drafters.early_exit import early_exit
 from drafters.layerskip import LayerSkip, LayerSkipConfig
 from tests.drafters.batches import build, make_batch, random_sequences, record_rounds, sharp_target
 
@@ -41,7 +41,7 @@ def test_bad_configs(tiny):
 def test_untrained_exit_head_drafts_exactly_like_early_exit(tiny):
     m = LayerSkip(tiny, LayerSkipConfig(draft_exit=2, adapter_rank=4))
     trees = []
-    for d in (m.drafter(), EarlyExitDrafter(tiny, 2)):
+    for d in (m.drafter(), early_exit(tiny, 2)):
         rounds = record_rounds(d)
         generate(tiny, d, PROMPT, 14, shape=Shape("chain", k=3))
         trees.append([t.tokens.tolist() for t in rounds])

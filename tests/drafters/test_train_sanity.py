@@ -8,7 +8,7 @@ import torch
 from decode.generate import generate
 from decode.tree import Shape
 from drafters.eagle import Eagle3, Eagle3Config
-from drafters.early_exit import EarlyExitDrafter
+from drafters.early_exit import early_exit
 from tests.conftest import DEV_PROMPTS
 from tests.drafters.batches import make_batch
 
@@ -46,6 +46,6 @@ def test_short_eagle3_run_beats_early_exit_2(stories):
     prompts = [line.strip() for line in DEV_PROMPTS.read_text().splitlines() if line.strip()][:3]
     shape = Shape("chain", k=4)
     eagle = chain_tau(stories, m.drafter, prompts, shape)
-    early = chain_tau(stories, lambda: EarlyExitDrafter(stories, 2), prompts, shape)
+    early = chain_tau(stories, lambda: early_exit(stories, 2), prompts, shape)
     print(f"chain-4 tau: eagle3 {eagle:.2f}, early-exit:2 {early:.2f}")
     assert eagle > early + 0.2, (eagle, early)
