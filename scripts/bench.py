@@ -42,6 +42,9 @@ def main() -> int:
     ap.add_argument("--drafter", action="append", help="SPECs (default: untrained, HF peers, runs/demo drafters)")
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # HF assisted generation warns on every drafting call
     torch.set_num_threads(args.threads)
     target = Target.load(args.target)
     convs = load_prompts(args.prompts)
