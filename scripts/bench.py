@@ -59,10 +59,10 @@ def main() -> int:
     for d in rows:
         name = d["name"].replace(str(REPO) + "/", "")
         vs_hf = d["tokens_per_s"] / hf["tokens_per_s"] if hf else float("nan")
-        proj = [r["speedup_vs_ar"] for r in d["cost_model"]] if d["cost_model"] else [float("nan")] * 2
+        proj = [f"{r['speedup_vs_ar']:.2f}" for r in d["cost_model"]] if d["cost_model"] else ["-", "-"]  # HF: no split
         same = {True: "yes", False: "NO", None: "-"}[d["matches_ar"]]
         print(f"{name:<48} {d['mean_accepted_tokens']:>6.3f} {d['tokens_per_s']:>7.1f} {d['speedup_vs_ar']:>6.2f} "
-              f"{vs_hf:>6.2f} {same:>5} {proj[0]:>6.2f} {proj[1]:>6.2f}")
+              f"{vs_hf:>6.2f} {same:>5} {proj[0]:>6} {proj[1]:>6}")
     print("\n@20s / @25ms: projected speedup vs AR if one target pass cost that much (measured tau and drafting cost)")
     return 0
 
