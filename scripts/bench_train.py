@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -29,12 +30,12 @@ TREE = "dynamic:topk=8,depth=6,nodes=60"
 def timed(cmd: list[str]) -> tuple[float, float]:
     """Run a subprocess; (wall seconds, peak RSS in MiB of that process)."""
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, *cmd], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
-    _, status, usage = os.wait4(proc.pid, 0)
-    err = proc.stderr.read()
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"failed: {' '.join(cmd)}\n{err[-2000:]}")
+    with tempfile.TemporaryFile("w+") as err:  # a file, not a pipe: progress bars would fill a pipe and block
+        proc = subprocess.Popen([sys.executable, *cmd], cwd=REPO, stdout=subprocess.DEVNULL, stderr=err, text=True)
+        _, status, usage = os.wait4(proc.pid, 0)
+        if os.waitstatus_to_exitcode(status) != 0:
+            err.seek(0)
+            raise SystemExit(f"failed: {' '.join(cmd)}\n{err.read()[-2000:]}")
     return time.perf_counter() - t0, usage.ru_maxrss / 1024
 
 
