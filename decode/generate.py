@@ -86,8 +86,9 @@ def generate(target: Target, drafter: Drafter, prompt_ids: Tensor, max_new_token
         tree = drafter.propose(Budget(round_shape, sampling, rng))
         if policy.needs_probs and tree.size and tree.conf is None:
             raise ValueError(no_probs(policy, drafter))
-        if tree.depth() > room:
-            tree = tree.truncate_depth(room)
+        depth = tree.depth()
+        if depth > room:
+            tree, depth = tree.truncate_depth(room), room
         reuse, side = layer_reuse(drafter), side_rows(drafter)
         t1 = time.perf_counter()
 
@@ -106,7 +107,7 @@ def generate(target: Target, drafter: Drafter, prompt_ids: Tensor, max_new_token
         committed += keep.numel()
         new = tree.tokens[verdict.path].tolist() + [verdict.bonus]
         stats.target_passes += 1
-        stats.record_round(tree.depth(), len(verdict.path), tree.size)
+        stats.record_round(depth, len(verdict.path), tree.size)
         new = truncate(new, max_new_tokens - len(emitted), target.eos_ids)
         emitted.extend(new)
         if on_tokens:
@@ -119,7 +120,7 @@ def generate(target: Target, drafter: Drafter, prompt_ids: Tensor, max_new_token
         stats.verify_s += t2 - t1
         stats.commit_s += t3 - t2
         conf = tree.conf.tolist() if tree.conf is not None else None
-        policy.observe(Round(tree.depth(), len(verdict.path), t1 - t0, t2 - t1, out.logits.shape[0], conf))
+        policy.observe(Round(depth, len(verdict.path), t1 - t0, t2 - t1, out.logits.shape[0], conf))
 
     stats.new_tokens = len(emitted)
     stats.drafter_passes = drafter.forward_passes - passes0

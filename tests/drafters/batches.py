@@ -85,3 +85,18 @@ def build(kind: str, target: Target, seed: int = 0):
                     p.normal_(0, 0.3)
         return m
     raise ValueError(kind)
+
+
+def fit(module: torch.nn.Module, batch: dict, steps: int = 30, lr: float = 1e-2) -> list[float]:
+    """AdamW on the module's trainable parameters for `steps` steps on one batch; the loss metric per step."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    assert params, "no trainable parameters"
+    opt = torch.optim.AdamW(params, lr=lr)
+    losses = []
+    for step in range(steps):
+        loss, metrics = module(batch, step)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(metrics["loss"])
+    return losses

@@ -12,7 +12,7 @@ from decode.generate import generate
 from decode.target import Target
 from decode.tree import Shape
 from drafters.eagle import Eagle1, Eagle3, Eagle3Config, build_draft_vocab, default_capture_ids
-from tests.drafters.batches import make_batch, random_sequences, record_rounds, sharp_target
+from tests.drafters.batches import fit, make_batch, random_sequences, record_rounds, sharp_target
 
 QWEN3_14B = Path(__file__).resolve().parents[1] / "data" / "qwen3-14b-config.json"
 EAGLE3_KEYS = {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"} | {
@@ -104,14 +104,7 @@ def test_loss_decreases(kind, family):
     t = sharp_target(family)
     m = Eagle3(t, Eagle3Config(draft_vocab_size=64, ttt_steps=3)) if kind == "eagle3" else Eagle1(t)
     batch = make_batch(t, random_sequences(t, 2, 16), m.feature_ids())
-    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
-    losses = []
-    for step in range(30):
-        loss, metrics = m(batch, step)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(metrics["loss"])
+    losses = fit(m, batch)
     assert losses[-1] < 0.8 * losses[0], losses
 
 

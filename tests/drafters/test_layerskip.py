@@ -9,7 +9,7 @@ from decode.generate import generate
 from decode.tree import Shape
 from drafters.early_exit import early_exit
 from drafters.layerskip import LayerSkip, LayerSkipConfig
-from tests.drafters.batches import build, make_batch, random_sequences, record_rounds, sharp_target
+from tests.drafters.batches import build, fit, make_batch, random_sequences, record_rounds, sharp_target
 
 PROMPT = torch.tensor([1, 5, 9, 33, 17, 4, 60])
 
@@ -70,16 +70,8 @@ def test_loss_decreases(family, cfg):
     t = sharp_target(family)
     m = LayerSkip(t, cfg)
     batch = make_batch(t, random_sequences(t, 2, 16), m.feature_ids())
-    params = [p for p in m.parameters() if p.requires_grad]
-    assert params
-    opt = torch.optim.AdamW(params, lr=1e-2)
     first = m.eval()(batch, 10**6)[1]["loss"]  # eval mode (no layer dropout), every exit on
-    m.train()
-    for step in range(30):
-        loss, _ = m(batch, step)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+    fit(m.train(), batch)
     last = m.eval()(batch, 10**6)[1]["loss"]
     assert last < 0.8 * first, (first, last)
 

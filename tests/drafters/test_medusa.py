@@ -8,7 +8,7 @@ import torch
 from decode.generate import generate
 from decode.tree import Shape
 from drafters.medusa import Medusa, MedusaConfig, capped_shape
-from tests.drafters.batches import make_batch, random_sequences, record_rounds, sharp_target
+from tests.drafters.batches import fit, make_batch, random_sequences, record_rounds, sharp_target
 
 
 def test_keys_and_zero_init(tiny):
@@ -35,14 +35,7 @@ def test_loss_decreases(family, cfg):
     t = sharp_target(family)
     m = Medusa(t, cfg)
     batch = make_batch(t, random_sequences(t, 2, 16), m.feature_ids())
-    opt = torch.optim.AdamW(m.parameters(), lr=1e-2)
-    losses = []
-    for step in range(30):
-        loss, metrics = m(batch, step)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(metrics["loss"])
+    losses = fit(m, batch)
     assert losses[-1] < 0.8 * losses[0], losses
 
 
