@@ -9,6 +9,9 @@ Errors name the dotted key, the file, and the nearest valid key, so a typo fails
 Types are checked and converted where the conversion is lossless (int -> float, a scalar -> a
 one-element list is NOT done: lists must be lists). `dict[str, Any]` fields are taken as they are.
 To extend the recipe, add a dataclass field; nothing else needs to change.
+
+The `features` and `train` sections' dataclasses live here too, not next to the code that reads them:
+this module is the leaf the rest of train/ imports (features, dataset, loop), so the graph has no cycle.
 """
 
 from __future__ import annotations
@@ -24,16 +27,67 @@ from typing import Any, Literal, Union
 
 import yaml
 
+from decode.target import DTYPES
 from drafters.eagle import Eagle1Config, Eagle3Config
 from drafters.layerskip import LayerSkipConfig
 from drafters.medusa import MedusaConfig
 from train.data import DataConfig
-from train.features import FeaturesConfig
-from train.loop import TrainConfig
 
 
 class ConfigError(ValueError):
     """A recipe or override that does not fit the config schema."""
+
+
+@dataclass
+class FeaturesConfig:
+    """Which target features the drafter trains on, and whether they are cached or computed in the step."""
+
+    mode: Literal["offline", "online"] = "offline"  # offline = read the cache; online = run the target each step
+    cache_dir: str = ""  # default RUN_DIR/features
+    hidden_ids: list[int] = field(default_factory=list)  # hidden-state ids to keep (0 = embeddings .. L = final norm)
+    dtype: Literal["fp32", "bf16", "fp16"] = "bf16"  # storage dtype of hidden states and top-k probs
+    topk: int = 0  # store the target's k most likely next tokens + probs per position (0 = don't)
+    shard_size: int = 64  # sequences per shard (a shard is held in memory until written)
+    batch_size: int = 8  # sequences per target forward during extraction
+    target_dtype: str = "float32"  # dtype the frozen target runs in (float32 | bfloat16 | float16)
+    attn: str = "sdpa"  # attention implementation of the target (sdpa | eager)
+
+    def __post_init__(self) -> None:
+        if any(i < 0 for i in self.hidden_ids):
+            raise ValueError(f"hidden_ids {self.hidden_ids}: ids are 0..L (0 = embeddings, L = final normed state)")
+        if self.topk < 0 or self.shard_size < 1 or self.batch_size < 1:
+            raise ValueError("topk must be >= 0, shard_size and batch_size >= 1")
+        if self.target_dtype not in DTYPES:
+            raise ValueError(f"target_dtype {self.target_dtype!r} not one of {sorted(DTYPES)}")
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation and bookkeeping for one run."""
+
+    steps: int = 1000  # optimizer steps
+    batch_size: int = 8  # sequences per process per micro-batch
+    grad_accum: int = 1  # micro-batches per optimizer step
+    pack_length: int = 0  # pack sequences into rows of this many tokens (0 = one sequence per row)
+    lr: float = 3e-4  # peak learning rate
+    weight_decay: float = 0.0  # AdamW weight decay
+    beta1: float = 0.9  # AdamW beta1
+    beta2: float = 0.95  # AdamW beta2
+    warmup_steps: int = 20  # linear warmup from 0 to lr
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"  # decay after warmup
+    min_lr_ratio: float = 0.1  # final lr as a fraction of lr (cosine and linear)
+    max_grad_norm: float = 0.5  # clip the global gradient norm (0 = off)
+    mixed_precision: Literal["no", "bf16"] = "no"  # bf16 autocast for the drafter's forward
+    eval_every: int = 100  # evaluate on held-out data every N steps (0 = only at the end)
+    eval_batches: int = 8  # held-out batches per evaluation
+    tree_width: int = 4  # top-w accuracy used for the simulated tree τ
+    save_every: int = 200  # checkpoint every N steps (0 = only at the end)
+    keep_checkpoints: int = 2  # newest checkpoints kept
+    log_every: int = 10  # metrics line every N steps
+    report_to: Literal["wandb", "tensorboard", "none"] = "wandb"  # experiment tracker (wandb offline by default)
+    resume: str = "auto"  # auto (newest checkpoint if any) | never | a checkpoint directory
+    num_workers: int = 0  # DataLoader workers
+    threads: int = 0  # torch CPU threads per process (0 = torch's default; 1 is fastest for tiny models)
 
 
 @dataclass
