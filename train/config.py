@@ -25,7 +25,13 @@ from typing import Any, Literal
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError, MissingMandatoryValue, ValidationError
+from omegaconf.errors import (
+    ConfigAttributeError,
+    ConfigKeyError,
+    MissingMandatoryValue,
+    OmegaConfBaseException,
+    ValidationError,
+)
 
 from decode.target import DTYPES
 from drafters.eagle import Eagle1Config, Eagle3Config
@@ -183,6 +189,8 @@ def load_config(cls: type, yaml_path: str | Path | None, overrides: Sequence[str
         return OmegaConf.to_object(cfg)
     except MissingMandatoryValue as e:
         raise ConfigError(f"{where}: missing required key '{e.full_key}'") from None
+    except OmegaConfBaseException as e:  # e.g. a ${...} interpolation that names no key
+        raise ConfigError(f"{where}: '{e.full_key}': {str(e).splitlines()[0]}") from None
     except (ValueError, TypeError) as e:  # __post_init__ validation
         raise ConfigError(f"{where}: {e}") from e
 

@@ -104,6 +104,9 @@ def test_yaml_floats_empty_values_tuples_and_retargeting(tmp_path):
         load_recipe(p, ["drafter.layerskip.exits=[1, x]"])
     with pytest.raises(ConfigError, match="'data.source': .* incompatible with type hint"):  # str | list[str], not a mapping
         load_recipe(p, ["data.source={a: 1}"])
+    assert load_recipe(write(tmp_path, "target: m\nname: ${target}-run\n")).name == "m-run"  # OmegaConf interpolation
+    with pytest.raises(ConfigError, match=r"'name': Interpolation key 'nope' not found$"):
+        load_recipe(write(tmp_path, "target: m\nname: ${nope}\n"))
 
 
 def test_generic_loader_on_any_dataclass():
