@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from decode.generate import Generation
 from decode.metrics import GenStats
 from decode.sampling import SamplingConfig
-from decode.target import Target
+from decode.target import Target, check_same_tokenizer
 
 HF_FORMS = [
     "hf-generate",
@@ -116,8 +116,6 @@ def make_hf_peer(spec: str, target: Target, draft_len: int) -> HFPeer:
             fixed_chain_assistant(target.model, draft_len)
             return HFPeer(spec, target, {"assistant_early_exit": k})
         if how == "draft-model" and val:
-            from drafters.draft_model import check_same_tokenizer
-
             draft = Target.load(val, dtype=str(target.dtype).removeprefix("torch."), device=str(target.device))
             check_same_tokenizer(target, draft, spec)
             fixed_chain_assistant(draft.model, draft_len)

@@ -4,27 +4,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from decode.target import Target
+from decode.target import Target, check_same_tokenizer
 from drafters.common import LMDrafter
-
-
-def check_same_tokenizer(target: Target, draft: Target, what: str) -> None:
-    """Refuse a drafter whose vocabulary (token -> id) or special tokens differ from the target's."""
-    tt, dt = target.tokenizer, draft.tokenizer
-    if tt is None or dt is None:
-        if target.vocab_size != draft.vocab_size:
-            raise ValueError(f"{what}: vocab size {draft.vocab_size} differs from the target's {target.vocab_size}")
-        return
-    if tt.get_vocab() != dt.get_vocab():
-        a, b = tt.get_vocab(), dt.get_vocab()
-        diff = sorted(set(a.items()) ^ set(b.items()))[:3]
-        raise ValueError(f"{what}: its tokenizer differs from the target's ({len(a)} vs {len(b)} tokens; "
-                         f"e.g. {diff}); a draft model must share the target's tokenizer")
-    for attr in ("bos_token_id", "eos_token_id"):
-        if getattr(tt, attr) != getattr(dt, attr):
-            raise ValueError(f"{what}: {attr} {getattr(dt, attr)} differs from the target's {getattr(tt, attr)}")
-    if draft.vocab_size < len(tt.get_vocab()):
-        raise ValueError(f"{what}: LM head covers {draft.vocab_size} tokens, the tokenizer has {len(tt.get_vocab())}")
 
 
 def draft_model(target: Target, draft: Target, name: str = "draft-model") -> LMDrafter:

@@ -33,6 +33,17 @@ from drafters.draft_layer import (
     causal_padding_mask,
     positions_of,
 )
+from drafters.losses import (
+    ahead,
+    conditional_accuracy,
+    loss_metrics,
+    masked_mean,
+    next_valid,
+    smooth_l1,
+    soft_ce,
+    step_weights,
+    target_distribution,
+)
 
 
 def default_capture_ids(num_layers: int) -> tuple[int, ...]:
@@ -159,8 +170,6 @@ class _Eagle(nn.Module):
     @torch.no_grad()
     def position_accuracy(self, batch: dict, depth: int | None = None, topk: int = 1) -> list[float]:
         """Top-k agreement with the target's argmax per draft position 1..depth (conditional, see losses)."""
-        from train.losses import ahead, conditional_accuracy, next_valid
-
         depth = depth or self.default_depth
         _, argmax = self.target_distribution(batch)
         valid = next_valid(batch)
@@ -239,8 +248,6 @@ class Eagle3(_Eagle):
 
     def target_distribution(self, batch: dict) -> tuple[Tensor, Tensor]:
         """The target's P_t restricted to the draft vocabulary [B, T, N], and its full-vocabulary argmax [B, T]."""
-        from train.losses import target_distribution
-
         return target_distribution(batch, self.target.lm_head, self.target.num_layers, self.draft_ids)
 
     def loss(self, batch: dict, step: int = 0) -> tuple[Tensor, dict[str, float]]:
@@ -249,8 +256,6 @@ class Eagle3(_Eagle):
         Rows whose target argmax lies outside the draft vocabulary are skipped (SpecForge does the same):
         the drafter cannot propose that token, so the row only teaches it a distorted distribution.
         """
-        from train.losses import ahead, loss_metrics, masked_mean, next_valid, soft_ce, step_weights
-
         probs, argmax = self.target_distribution(batch)
         valid = next_valid(batch) & self.t2d[argmax]
         losses, accs = [], []
@@ -301,14 +306,10 @@ class Eagle1(_Eagle):
         return ids
 
     def target_distribution(self, batch: dict) -> tuple[Tensor, Tensor]:
-        from train.losses import target_distribution
-
         return target_distribution(batch, self.target.lm_head, self.target.num_layers)
 
     def loss(self, batch: dict, step: int = 0) -> tuple[Tensor, dict[str, float]]:
         """SmoothL1(f̂_t, f_{t+1}) + ce_weight * soft-CE(lm_head(f̂_t), P_{t+1}) over trained rows."""
-        from train.losses import ahead, masked_mean, next_valid, smooth_l1, soft_ce
-
         probs, argmax = self.target_distribution(batch)
         v = ahead(next_valid(batch), 1, False)
         noise = self.config.feature_noise if self.training else 0.0

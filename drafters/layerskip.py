@@ -6,7 +6,7 @@ The verifier stays the original model, so decoding stays lossless. Two modes:
   exactly `early-exit:E`. Layers < E are untouched, so drafting runs them on the target's own KV
   cache and verification reuses that KV (drafters/early_exit.py, LayerReuse). Training reads the
   target's states at the exit ids from the batch; several exits train at once with LayerSkip's
-  exit-loss scales and rotational/gradual curricula (train/losses.py).
+  exit-loss scales and rotational/gradual curricula (drafters/losses.py).
 - `lora`: peft LoRA on layers[:E] plus the exit head. The adapters are injected into the target's
   modules but are *off* except inside `adapters_on()` (drafting and training), so the target's own
   forward (prefill, verification, feature extraction) is the plain model. The adapted layers compute
@@ -28,6 +28,19 @@ from decode.target import Target
 from drafters.common import LMDrafter
 from drafters.draft_layer import RMSNorm, causal_padding_mask
 from drafters.early_exit import early_exit
+from drafters.losses import (
+    ahead,
+    conditional_accuracy,
+    exit_curriculum,
+    exit_loss_scales,
+    hard_ce,
+    in_topk,
+    kl_to,
+    layer_dropout_rates,
+    masked_mean,
+    next_valid,
+    target_distribution,
+)
 
 ADAPTER = "draftsmith_layerskip"  # peft adapter name inside the target's modules
 PEFT_PREFIX = "base_model.model."  # key prefix of a standard peft adapter directory
@@ -194,8 +207,6 @@ class LayerSkip(nn.Module):
 
     def early_states(self, batch: dict) -> Tensor:
         """lora mode: layers[:draft_exit] with adapters on (and layer dropout when training). -> [B, T, H]"""
-        from train.losses import layer_dropout_rates
-
         ids, am = batch["input_ids"], batch["attention_mask"]
         if bool((am[:, 1:] > am[:, :-1]).any()):
             raise ValueError("LayerSkip lora mode needs right-padded batches (attention_mask 1...1 0...0)")
@@ -216,17 +227,6 @@ class LayerSkip(nn.Module):
 
     def loss(self, batch: dict, step: int = 0) -> tuple[Tensor, dict[str, float]]:
         """Early-exit loss: sum over the exits the curriculum turns on of scale_E * loss_E (KL or CE)."""
-        from train.losses import (
-            ahead,
-            exit_curriculum,
-            exit_loss_scales,
-            hard_ce,
-            kl_to,
-            masked_mean,
-            next_valid,
-            target_distribution,
-        )
-
         cfg, L = self.config, self.target.num_layers
         valid = next_valid(batch)
         probs, argmax = target_distribution(batch, self.target.lm_head, L)
@@ -254,8 +254,6 @@ class LayerSkip(nn.Module):
         before it, as when decoding. Exact when the batch's tokens are the target's greedy output
         (self-distilled data): then accepted drafts are exactly the batch's tokens.
         """
-        from train.losses import ahead, conditional_accuracy, in_topk, next_valid, target_distribution
-
         cfg = self.config
         _, argmax = target_distribution(batch, self.target.lm_head, self.target.num_layers)
         h = self.early_states(batch) if cfg.mode == "lora" else batch["hidden"][cfg.draft_exit]

@@ -22,6 +22,18 @@ from decode.protocol import Budget, TargetStep
 from decode.target import Target
 from decode.tree import DraftTree, Shape, grow
 from drafters.common import sampler
+from drafters.losses import (
+    ahead,
+    conditional_accuracy,
+    hard_ce,
+    in_topk,
+    kl_to,
+    loss_metrics,
+    masked_mean,
+    next_valid,
+    step_weights,
+    target_distribution,
+)
 
 
 @dataclass
@@ -106,17 +118,6 @@ class Medusa(nn.Module):
 
     def loss(self, batch: dict, step: int = 0) -> tuple[Tensor, dict[str, float]]:
         """sum_k decay^k loss_k; head k at row t: CE vs x_{t+k+2}, or KL to the target's P_{t+k+1}."""
-        from train.losses import (
-            ahead,
-            hard_ce,
-            kl_to,
-            loss_metrics,
-            masked_mean,
-            next_valid,
-            step_weights,
-            target_distribution,
-        )
-
         L = self.target.num_layers
         valid = next_valid(batch)
         probs, argmax = target_distribution(batch, self.target.lm_head, L)
@@ -136,8 +137,6 @@ class Medusa(nn.Module):
     @torch.no_grad()
     def position_accuracy(self, batch: dict, depth: int | None = None, topk: int = 1) -> list[float]:
         """Head k's top-k agreement with the target's argmax, conditional on heads < k being right."""
-        from train.losses import ahead, conditional_accuracy, in_topk, next_valid, target_distribution
-
         L = self.target.num_layers
         _, argmax = target_distribution(batch, self.target.lm_head, L)
         valid = next_valid(batch)

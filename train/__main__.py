@@ -15,6 +15,13 @@ import sys
 
 import torch
 
+from decode.errors import run_cli
+from drafters.checkpoint import drafter_kinds, save_drafter
+from train.config import load_recipe, to_dict, with_feature_ids
+from train.dataset import training_data
+from train.features import Dist, load_target
+from train.loop import train
+
 
 def token_counts(dataset, vocab_size: int, limit: int = 20000) -> torch.Tensor:
     """Target-token frequencies over (up to `limit`) training sequences. [V]"""
@@ -27,8 +34,6 @@ def token_counts(dataset, vocab_size: int, limit: int = 20000) -> torch.Tensor:
 
 def build_drafter(recipe, target, train_ds) -> torch.nn.Module:
     """The trainable drafter module the recipe names, on the frozen target."""
-    from drafters.checkpoint import drafter_kinds
-
     cls, _ = drafter_kinds()[recipe.drafter.kind]
     cfg = recipe.drafter.selected()
     if recipe.drafter.kind == "eagle3":
@@ -38,12 +43,6 @@ def build_drafter(recipe, target, train_ds) -> torch.nn.Module:
 
 def run(recipe) -> int:
     from accelerate import PartialState
-
-    from drafters.checkpoint import save_drafter
-    from train.config import to_dict, with_feature_ids
-    from train.dataset import training_data
-    from train.features import Dist, load_target
-    from train.loop import train
 
     if not recipe.drafter.kind:
         raise ValueError("drafter.kind is not set: choose eagle3 | eagle1 | medusa | layerskip (e.g. drafter.kind=eagle3)")
@@ -71,8 +70,6 @@ def run(recipe) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from train.config import load_recipe
-
     ap = argparse.ArgumentParser(prog="python -m train", description=__doc__.splitlines()[0])
     ap.add_argument("recipe", help="recipe YAML")
     ap.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.steps=100 target=DIR")
@@ -81,6 +78,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from decode.errors import run_cli
-
     sys.exit(run_cli(main))

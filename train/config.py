@@ -6,34 +6,94 @@ Errors name the dotted key, the file, and the nearest valid key, so a typo fails
 
     recipe.yaml: unknown key 'data.max_lenght'; did you mean 'data.max_length'?
 
-Types are checked and converted where the conversion is lossless (int -> float, a scalar -> a
-one-element list is NOT done: lists must be lists). `dict[str, Any]` fields are taken as they are.
+OmegaConf (structured configs in struct mode) checks and converts the types: int -> float, "1e-3" ->
+float, Literal choices, X | None, tuple[X, ...] from a YAML list; a scalar is never made a list.
 To extend the recipe, add a dataclass field; nothing else needs to change.
+
+The `features` and `train` sections' dataclasses live here too, not next to the code that reads them:
+this module is the leaf the rest of train/ imports (features, dataset, loop), so the graph has no cycle.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import types
-import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
 import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import (
+    ConfigAttributeError,
+    ConfigKeyError,
+    MissingMandatoryValue,
+    OmegaConfBaseException,
+    ValidationError,
+)
 
+from decode.target import DTYPES
 from drafters.eagle import Eagle1Config, Eagle3Config
 from drafters.layerskip import LayerSkipConfig
 from drafters.medusa import MedusaConfig
 from train.data import DataConfig
-from train.features import FeaturesConfig
-from train.loop import TrainConfig
 
 
 class ConfigError(ValueError):
     """A recipe or override that does not fit the config schema."""
+
+
+@dataclass
+class FeaturesConfig:
+    """Which target features the drafter trains on, and whether they are cached or computed in the step."""
+
+    mode: Literal["offline", "online"] = "offline"  # offline = read the cache; online = run the target each step
+    cache_dir: str = ""  # default RUN_DIR/features
+    hidden_ids: list[int] = field(default_factory=list)  # hidden-state ids to keep (0 = embeddings .. L = final norm)
+    dtype: Literal["fp32", "bf16", "fp16"] = "bf16"  # storage dtype of hidden states and top-k probs
+    topk: int = 0  # store the target's k most likely next tokens + probs per position (0 = don't)
+    shard_size: int = 64  # sequences per shard (a shard is held in memory until written)
+    batch_size: int = 8  # sequences per target forward during extraction
+    target_dtype: str = "float32"  # dtype the frozen target runs in (float32 | bfloat16 | float16)
+    attn: str = "sdpa"  # attention implementation of the target (sdpa | eager)
+
+    def __post_init__(self) -> None:
+        if any(i < 0 for i in self.hidden_ids):
+            raise ValueError(f"hidden_ids {self.hidden_ids}: ids are 0..L (0 = embeddings, L = final normed state)")
+        if self.topk < 0 or self.shard_size < 1 or self.batch_size < 1:
+            raise ValueError("topk must be >= 0, shard_size and batch_size >= 1")
+        if self.target_dtype not in DTYPES:
+            raise ValueError(f"target_dtype {self.target_dtype!r} not one of {sorted(DTYPES)}")
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation and bookkeeping for one run."""
+
+    steps: int = 1000  # optimizer steps
+    batch_size: int = 8  # sequences per process per micro-batch
+    grad_accum: int = 1  # micro-batches per optimizer step
+    pack_length: int = 0  # pack sequences into rows of this many tokens (0 = one sequence per row)
+    lr: float = 3e-4  # peak learning rate
+    weight_decay: float = 0.0  # AdamW weight decay
+    beta1: float = 0.9  # AdamW beta1
+    beta2: float = 0.95  # AdamW beta2
+    warmup_steps: int = 20  # linear warmup from 0 to lr
+    schedule: Literal["cosine", "linear", "constant"] = "cosine"  # decay after warmup
+    min_lr_ratio: float = 0.1  # final lr as a fraction of lr (cosine and linear)
+    max_grad_norm: float = 0.5  # clip the global gradient norm (0 = off)
+    mixed_precision: Literal["no", "bf16"] = "no"  # bf16 autocast for the drafter's forward
+    eval_every: int = 100  # evaluate on held-out data every N steps (0 = only at the end)
+    eval_batches: int = 8  # held-out batches per evaluation
+    tree_width: int = 4  # top-w accuracy used for the simulated tree τ
+    save_every: int = 200  # checkpoint every N steps (0 = only at the end)
+    keep_checkpoints: int = 2  # newest checkpoints kept
+    log_every: int = 10  # metrics line every N steps
+    report_to: Literal["wandb", "tensorboard", "none"] = "wandb"  # experiment tracker (wandb offline by default)
+    resume: str = "auto"  # auto (newest checkpoint if any) | never | a checkpoint directory
+    num_workers: int = 0  # DataLoader workers
+    threads: int = 0  # torch CPU threads per process (0 = torch's default; 1 is fastest for tiny models)
 
 
 @dataclass
@@ -97,131 +157,58 @@ def with_feature_ids(recipe: Recipe, num_layers: int) -> Recipe:
 
 
 def load_config(cls: type, yaml_path: str | Path | None, overrides: Sequence[str] = ()) -> Any:
-    """Build dataclass `cls` from a YAML mapping and dotted `a.b=value` overrides (values parsed as YAML)."""
-    where = str(yaml_path) if yaml_path is not None else "<defaults>"
-    raw: dict[str, Any] = {}
+    """Build dataclass `cls` from a YAML mapping and dotted `a.b=value` overrides (values parsed as YAML).
+
+    OmegaConf does the work: the dataclass is its schema in struct mode, so an unknown key, a value of
+    the wrong type or outside a Literal's choices fails at the merge that brings it in. Ours: the file
+    and override checks, naming the file or override in each error, and the nearest valid key.
+    """
+    cfg = OmegaConf.structured(cls, flags={"struct": True})
     if yaml_path is not None:
         p = Path(yaml_path)
         if not p.is_file():
             raise ConfigError(f"recipe file not found: {p}")
         try:
-            raw = yaml.safe_load(p.read_text()) or {}
+            raw = OmegaConf.load(p)  # OmegaConf's YAML reads 1e-3 as a float (PyYAML: a string)
         except yaml.YAMLError as e:
             raise ConfigError(f"{p}: not valid YAML: {e}") from e
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{p}: the top level must be a mapping of keys, got {type(raw).__name__}")
+        if not isinstance(raw, DictConfig):
+            raise ConfigError(f"{p}: the top level must be a mapping of keys, got a {type(raw).__name__}")
+        cfg = _merge(cfg, raw, str(p))
     for ov in overrides:
         key, eq, text = ov.partition("=")
         if not eq or not key.strip():
             raise ConfigError(f"override {ov!r} must look like key=value (dotted keys for nested fields)")
-        try:
-            value = yaml.safe_load(text) if text.strip() else ""
-        except yaml.YAMLError:
-            value = text
-        _set_dotted(raw, key.strip().split("."), value, cls, f"override {ov!r}")
-    return build(cls, raw, "", where)
-
-
-def _set_dotted(raw: dict, keys: list[str], value: Any, cls: type, where: str) -> None:
-    """Write raw[k1][k2]... = value, checking each key against the schema on the way down."""
-    node, schema = raw, cls
-    for i, k in enumerate(keys):
-        if schema is not None and dataclasses.is_dataclass(schema):
-            names = {f.name: f for f in dataclasses.fields(schema)}
-            if k not in names:
-                raise ConfigError(_unknown(".".join(keys[: i + 1]), k, list(names), where))
-            schema = _dataclass_in(typing.get_type_hints(schema)[k])
-        else:
-            schema = None  # inside a free-form dict: anything goes
-        if i == len(keys) - 1:
-            node[k] = value
-        else:
-            if not isinstance(node.get(k), dict):
-                node[k] = {}
-            node = node[k]
-
-
-def build(cls: type, raw: Any, prefix: str, where: str):
-    """Recursively convert a YAML mapping into dataclass `cls`, rejecting unknown/missing keys."""
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: '{prefix or cls.__name__}' must be a mapping, got {raw!r}")
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    for k in raw:
-        if k not in fields:
-            raise ConfigError(_unknown(prefix + str(k), str(k), list(fields), where))
-    kwargs = {}
-    for name, f in fields.items():
-        dotted = prefix + name
-        if name not in raw:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise ConfigError(f"{where}: missing required key '{dotted}'")
-            continue
-        kwargs[name] = convert(raw[name], hints[name], dotted, where)
+        try:  # an empty value is "" (from_dotlist would read it as null)
+            dot = OmegaConf.from_dotlist([ov if text.strip() else f"{key}=''"])
+        except yaml.YAMLError as e:
+            raise ConfigError(f"override {ov!r}: the value is not valid YAML: {e}") from e
+        cfg = _merge(cfg, dot, f"override {ov!r}")
+    where = str(yaml_path) if yaml_path is not None else "<defaults>"
     try:
-        return cls(**kwargs)
+        return OmegaConf.to_object(cfg)
+    except MissingMandatoryValue as e:
+        raise ConfigError(f"{where}: missing required key '{e.full_key}'") from None
+    except OmegaConfBaseException as e:  # e.g. a ${...} interpolation that names no key
+        raise ConfigError(f"{where}: '{e.full_key}': {str(e).splitlines()[0]}") from None
     except (ValueError, TypeError) as e:  # __post_init__ validation
-        raise ConfigError(f"{where}: {prefix.rstrip('.') or cls.__name__}: {e}") from e
+        raise ConfigError(f"{where}: {e}") from e
 
 
-def convert(value: Any, tp: Any, dotted: str, where: str) -> Any:
-    """Check `value` against type `tp` (converting int -> float and nested mappings -> dataclasses)."""
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    bad = ConfigError(f"{where}: '{dotted}' should be {_type_name(tp)}, got {value!r}")
-    if tp is Any:
-        return value
-    if dataclasses.is_dataclass(tp):
-        return build(tp, value, dotted + ".", where)
-    if origin in (Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return convert(value, a, dotted, where)
-            except ConfigError:
-                pass
-        raise bad
-    if origin is Literal:
-        if value not in args:
-            raise ConfigError(f"{where}: '{dotted}' must be one of {list(args)}, got {value!r}")
-        return value
-    if origin is list:
-        if not isinstance(value, list):
-            raise bad
-        return [convert(v, args[0] if args else Any, f"{dotted}[{i}]", where) for i, v in enumerate(value)]
-    if origin is tuple:  # tuple[X, ...] fields take a YAML list
-        if not isinstance(value, (list, tuple)):
-            raise bad
-        elem = args[0] if args else Any
-        return tuple(convert(v, elem, f"{dotted}[{i}]", where) for i, v in enumerate(value))
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise bad
-        return dict(value)
-    if tp is float:
-        if isinstance(value, str):  # PyYAML reads 1e-3 (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                raise bad from None
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise bad
-        return float(value)
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise bad
-        return value
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise bad
-        return value
-    if tp is str:
-        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            raise bad
-        return str(value)  # `name: 123` is a fine name
-    raise ConfigError(f"{where}: '{dotted}': unsupported config type {tp!r}")
+def _merge(cfg: DictConfig, other: DictConfig, where: str) -> DictConfig:
+    """cfg merged with other, OmegaConf's errors turned into one line that names `where` and the key."""
+    try:
+        return OmegaConf.merge(cfg, other)
+    except (ConfigKeyError, ConfigAttributeError) as e:
+        parent, _, key = (e.full_key or "").rpartition(".")
+        valid = list(OmegaConf.select(cfg, parent) if parent else cfg)
+        near = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+        prefix = parent + "." if parent else ""
+        hint = f"did you mean '{prefix}{near[0]}'?" if near else f"valid keys here: {', '.join(sorted(valid))}"
+        raise ConfigError(f"{where}: unknown key '{e.full_key}'; {hint}") from None
+    except ValidationError as e:
+        at = f"'{e.full_key}': " if e.full_key else ""  # OmegaConf 2.4 names no key for a bad tuple element
+        raise ConfigError(f"{where}: {at}{str(e).splitlines()[0]}") from None
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
@@ -230,26 +217,6 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 
 
 def dump_config(cfg: Any, path: str | Path) -> None:
+    """Write the resolved config as YAML (parents created)."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-
-
-def _unknown(dotted: str, key: str, valid: list[str], where: str) -> str:
-    near = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
-    parent = dotted.rsplit(".", 1)[0] + "." if "." in dotted else ""
-    hint = f"; did you mean '{parent}{near[0]}'?" if near else f"; valid keys here: {', '.join(sorted(valid))}"
-    return f"{where}: unknown key '{dotted}'{hint}"
-
-
-def _dataclass_in(tp: Any) -> type | None:
-    """The dataclass inside `tp` (X or X | None), else None."""
-    if dataclasses.is_dataclass(tp):
-        return tp
-    for a in typing.get_args(tp):
-        if dataclasses.is_dataclass(a):
-            return a
-    return None
-
-
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")

@@ -1,8 +1,8 @@
-"""Loading for training: per-sequence datasets, packing, the collator, seeded loaders.
+"""Loading for training: per-sequence datasets, packing, seeded loaders.
 
 Items are per-sequence dicts — input_ids [T] long, loss_mask [T] bool, and (offline) hidden {id: [T, D]},
-topk_ids/topk_probs [T, k]. `collate` turns a list of them into the batch contract documented in
-train/features.py (right padding with zeros). Packing concatenates whole sequences into rows of at
+topk_ids/topk_probs [T, k]. `collate` (train/batch.py) turns a list of them into the batch contract
+documented in train/features.py (right padding with zeros). Packing concatenates whole sequences into rows of at
 most `pack_length` tokens; the row's attention_mask numbers its sequences 1, 2, ... so attention and
 positions stay per sequence, and loss_mask[0] = False of every sequence keeps predictions from
 crossing a boundary.
@@ -17,19 +17,18 @@ from __future__ import annotations
 import functools
 import random
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import datasets
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
+from decode.target import Target
+from train.batch import collate
 from train.cache import FeatureCache
-
-if TYPE_CHECKING:
-    from decode.target import Target
-    from train.config import Recipe
-    from train.features import Dist
+from train.config import Recipe
+from train.features import Dist, OnlineFeatures, fingerprint, prepare_data
 
 
 class TokenDataset(Dataset):
@@ -109,40 +108,6 @@ class Packed(Dataset):
         return out
 
 
-def collate(items: list[dict[str, Any]], pad_id: int = 0) -> dict[str, Any]:
-    """Per-sequence (or packed) items -> the batch contract of train/features.py, right-padded."""
-    b, t = len(items), max(it["input_ids"].numel() for it in items)
-    batch: dict[str, Any] = {"input_ids": torch.full((b, t), pad_id, dtype=torch.long),
-                             "attention_mask": torch.zeros(b, t, dtype=torch.long),
-                             "position_ids": torch.zeros(b, t, dtype=torch.long),
-                             "loss_mask": torch.zeros(b, t, dtype=torch.bool)}
-    for r, it in enumerate(items):
-        n = it["input_ids"].numel()
-        seg = it.get("segments", torch.ones(n, dtype=torch.long))
-        batch["input_ids"][r, :n] = it["input_ids"]
-        batch["attention_mask"][r, :n] = seg
-        batch["loss_mask"][r, :n] = it["loss_mask"]
-        starts = torch.ones(n, dtype=torch.bool)
-        starts[1:] = seg[1:] != seg[:-1]
-        idx = torch.arange(n)
-        batch["position_ids"][r, :n] = idx - torch.cummax(torch.where(starts, idx, 0), 0).values
-    if "hidden" in items[0]:
-        batch["hidden"] = {}
-        for h, x in items[0]["hidden"].items():
-            buf = x.new_zeros(b, t, x.shape[-1])
-            for r, it in enumerate(items):
-                buf[r, : it["input_ids"].numel()] = it["hidden"][h]
-            batch["hidden"][h] = buf
-    for key in ("topk_ids", "topk_probs"):
-        if key in items[0]:
-            k = items[0][key].shape[-1]
-            buf = items[0][key].new_zeros(b, t, k)
-            for r, it in enumerate(items):
-                buf[r, : it["input_ids"].numel()] = it[key]
-            batch[key] = buf
-    return batch
-
-
 def make_loader(ds: Dataset, batch_size: int, seed: int, shuffle: bool = True, drop_last: bool = False,
                 num_workers: int = 0, pad_id: int = 0) -> DataLoader:
     """A DataLoader whose order depends only on `seed` (and the epoch count of its iterations)."""
@@ -160,8 +125,6 @@ def training_data(recipe: Recipe, target: Target, split: str = "train", dist: Di
     online: the token sequences; featurize runs the frozen target (OnlineFeatures) on each batch.
     Call it with the target as loaded (before any peft wrapping): the fingerprint hashes its weights.
     """
-    from train.features import Dist, OnlineFeatures, fingerprint, prepare_data
-
     dist = dist or Dist()
     fc = recipe.features
     if fc.mode == "offline":

@@ -38,9 +38,9 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
 import datasets
 import numpy as np
@@ -48,38 +48,14 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from decode.target import DTYPES, Target
+from decode.target import Target
+from train.batch import collate
 from train.cache import CacheError, FeatureCache, check_existing, shard_name, write_index, write_shard
+from train.config import FeaturesConfig, Recipe, dump_config, load_recipe, with_feature_ids
 from train.data import load_records
 from train.identity import digest, target_identity
 from train.regen import regenerate
 from train.tokens import TokenStats, end_token_ids, split_held_out, tokenize_dataset
-
-if TYPE_CHECKING:
-    from train.config import Recipe
-
-
-@dataclass
-class FeaturesConfig:
-    """Which target features the drafter trains on, and whether they are cached or computed in the step."""
-
-    mode: Literal["offline", "online"] = "offline"  # offline = read the cache; online = run the target each step
-    cache_dir: str = ""  # default RUN_DIR/features
-    hidden_ids: list[int] = field(default_factory=list)  # hidden-state ids to keep (0 = embeddings .. L = final norm)
-    dtype: Literal["fp32", "bf16", "fp16"] = "bf16"  # storage dtype of hidden states and top-k probs
-    topk: int = 0  # store the target's k most likely next tokens + probs per position (0 = don't)
-    shard_size: int = 64  # sequences per shard (a shard is held in memory until written)
-    batch_size: int = 8  # sequences per target forward during extraction
-    target_dtype: str = "float32"  # dtype the frozen target runs in (float32 | bfloat16 | float16)
-    attn: str = "sdpa"  # attention implementation of the target (sdpa | eager)
-
-    def __post_init__(self) -> None:
-        if any(i < 0 for i in self.hidden_ids):
-            raise ValueError(f"hidden_ids {self.hidden_ids}: ids are 0..L (0 = embeddings, L = final normed state)")
-        if self.topk < 0 or self.shard_size < 1 or self.batch_size < 1:
-            raise ValueError("topk must be >= 0, shard_size and batch_size >= 1")
-        if self.target_dtype not in DTYPES:
-            raise ValueError(f"target_dtype {self.target_dtype!r} not one of {sorted(DTYPES)}")
 
 
 @dataclass
@@ -209,8 +185,6 @@ def fingerprint(recipe: Recipe, target: Target, data: PreparedData) -> dict[str,
 
 def extract_shard(target: Target, rows: datasets.Dataset, fc: FeaturesConfig) -> list[dict[str, Tensor]]:
     """Features for the sequences of one shard (batched by length to limit padding), on the CPU."""
-    from train.dataset import collate
-
     items = [{"input_ids": torch.tensor(r["input_ids"], dtype=torch.long),
               "loss_mask": torch.tensor(r["loss_mask"], dtype=torch.bool)} for r in rows]
     order = sorted(range(len(items)), key=lambda j: items[j]["input_ids"].numel())
@@ -233,8 +207,6 @@ def extract_shard(target: Target, rows: datasets.Dataset, fc: FeaturesConfig) ->
 def extract(recipe: Recipe, target: Target | None = None, dist: Dist | None = None, device: str | torch.device = "cpu",
             log: Callable[[str], None] = print) -> dict[str, Any]:
     """Build (or finish, or confirm) the feature cache of `recipe`; returns its index."""
-    from train.config import with_feature_ids
-
     dist = dist or Dist()
     target = target or load_target(recipe, device)
     recipe = with_feature_ids(recipe, target.num_layers)  # empty hidden_ids: what the recipe's drafter needs
@@ -252,8 +224,6 @@ def extract(recipe: Recipe, target: Target | None = None, dist: Dist | None = No
             stray.unlink()
         check_existing(cache_dir, fp)
         finished_before = {p.name for p in cache_dir.glob("shard_*.safetensors")}
-        from train.config import dump_config
-
         dump_config(recipe, cache_dir / "recipe.yaml")  # the resolved recipe, for humans
     dist.barrier()
     if check_existing(cache_dir, fp):
@@ -298,8 +268,6 @@ def extract(recipe: Recipe, target: Target | None = None, dist: Dist | None = No
 
 
 def main(argv: list[str] | None = None) -> int:
-    from train.config import load_recipe
-
     ap = argparse.ArgumentParser(prog="python -m train.features", description=__doc__.splitlines()[0])
     ap.add_argument("recipe", help="recipe YAML")
     ap.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. features.dtype=fp32")

@@ -13,43 +13,17 @@ import math
 import os
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from torch import nn
 
+from drafters.losses import simulated_chain_tau as simulated_tau
+from train.config import TrainConfig, dump_config
+from train.dataset import make_loader
+
 CKPT_PREFIX = "step_"
-
-
-@dataclass
-class TrainConfig:
-    """Optimisation and bookkeeping for one run."""
-
-    steps: int = 1000  # optimizer steps
-    batch_size: int = 8  # sequences per process per micro-batch
-    grad_accum: int = 1  # micro-batches per optimizer step
-    pack_length: int = 0  # pack sequences into rows of this many tokens (0 = one sequence per row)
-    lr: float = 3e-4  # peak learning rate
-    weight_decay: float = 0.0  # AdamW weight decay
-    beta1: float = 0.9  # AdamW beta1
-    beta2: float = 0.95  # AdamW beta2
-    warmup_steps: int = 20  # linear warmup from 0 to lr
-    schedule: Literal["cosine", "linear", "constant"] = "cosine"  # decay after warmup
-    min_lr_ratio: float = 0.1  # final lr as a fraction of lr (cosine and linear)
-    max_grad_norm: float = 0.5  # clip the global gradient norm (0 = off)
-    mixed_precision: Literal["no", "bf16"] = "no"  # bf16 autocast for the drafter's forward
-    eval_every: int = 100  # evaluate on held-out data every N steps (0 = only at the end)
-    eval_batches: int = 8  # held-out batches per evaluation
-    tree_width: int = 4  # top-w accuracy used for the simulated tree τ
-    save_every: int = 200  # checkpoint every N steps (0 = only at the end)
-    keep_checkpoints: int = 2  # newest checkpoints kept
-    log_every: int = 10  # metrics line every N steps
-    report_to: Literal["wandb", "tensorboard", "none"] = "wandb"  # experiment tracker (wandb offline by default)
-    resume: str = "auto"  # auto (newest checkpoint if any) | never | a checkpoint directory
-    num_workers: int = 0  # DataLoader workers
-    threads: int = 0  # torch CPU threads per process (0 = torch's default; 1 is fastest for tiny models)
 
 
 class NonFiniteLoss(RuntimeError):
@@ -68,17 +42,6 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
     frac = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps))
     decay = 0.5 * (1 + math.cos(math.pi * frac)) if cfg.schedule == "cosine" else 1 - frac
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * decay
-
-
-def simulated_tau(acceptance: list[float]) -> float:
-    """Expected tokens per target pass for a chain whose depth-k token is accepted with prob acceptance[k-1]
-    given the earlier ones were: 1 (bonus) + sum_k prod_{j<=k} a_j. Position accuracies measured on the
-    drafter's own unrolled predictions stand in for those conditional rates (an estimate, not a decode)."""
-    tau, run = 1.0, 1.0
-    for a in acceptance:
-        run *= a
-        tau += run
-    return tau
 
 
 def checkpoints(run_dir: Path) -> list[Path]:
@@ -131,7 +94,10 @@ def to_device(batch: Any, device: torch.device) -> Any:
 
 @torch.no_grad()
 def evaluate(drafter: nn.Module, loader, featurize, device: torch.device, cfg: TrainConfig) -> dict[str, Any]:
-    """Held-out loss, top-1 / top-w accuracy per draft position, and the simulated chain and tree τ."""
+    """Held-out loss, top-1 / top-w accuracy per draft position, and the simulated chain and tree τ.
+
+    τ = 1 + sum_k prod_{j<=k} a_j with the position accuracies (measured on the drafter's own unrolled
+    predictions) standing in for the conditional acceptance rates: an estimate, not a decode."""
     was = drafter.training
     drafter.eval()
     losses, acc1, accw, n = [], None, None, 0
@@ -158,9 +124,6 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
     """Run the recipe's optimisation; returns the export directory. `export_fn(drafter, dir)` writes the native format."""
     from accelerate.utils import set_seed
     from tqdm.auto import tqdm
-
-    from train.config import dump_config
-    from train.dataset import make_loader
 
     cfg: TrainConfig = recipe.train
     run_dir = Path(recipe.run_dir)
