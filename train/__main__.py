@@ -39,6 +39,7 @@ def build_drafter(recipe, target, train_ds) -> torch.nn.Module:
 def run(recipe) -> int:
     from accelerate import PartialState
 
+    from decode.errors import check_out_dir
     from drafters.checkpoint import save_drafter
     from train.config import to_dict, with_feature_ids
     from train.dataset import training_data
@@ -47,6 +48,7 @@ def run(recipe) -> int:
 
     if not recipe.drafter.kind:
         raise ValueError("drafter.kind is not set: choose eagle3 | eagle1 | medusa | layerskip (e.g. drafter.kind=eagle3)")
+    check_out_dir(recipe.run_dir, "run_dir")  # before the target loads: an unwritable run_dir fails at once
     # 1. processes first. Plain CPU ranks need cpu=True (accelerate 1.15 forms no CPU ranks without it);
     # DeepSpeed (also on CPU with DS_ACCELERATOR=cpu) must get a plain PartialState: cpu=True would
     # turn it into MULTI_CPU, and a pre-set backend breaks the Accelerator's state.

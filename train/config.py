@@ -107,7 +107,10 @@ def load_config(cls: type, yaml_path: str | Path | None, overrides: Sequence[str
         try:
             raw = yaml.safe_load(p.read_text()) or {}
         except yaml.YAMLError as e:
-            raise ConfigError(f"{p}: not valid YAML: {e}") from e
+            mark = getattr(e, "problem_mark", None)
+            where = f"{p}:{mark.line + 1}" if mark is not None else str(p)
+            raise ConfigError(f"{where}: not valid YAML ({getattr(e, 'problem', None) or type(e).__name__}); fix "
+                              "that line (YAML wants `key: value`, nested keys indented)") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"{p}: the top level must be a mapping of keys, got {type(raw).__name__}")
     for ov in overrides:
