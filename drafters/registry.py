@@ -27,7 +27,10 @@ def parse_kv(arg: str, defaults: dict[str, int | float], spec: str) -> dict[str,
         key, eq, val = part.partition("=")
         if not eq or key not in defaults:
             raise ValueError(f"drafter {spec!r}: option {part!r} not one of {sorted(defaults)} (form key=value)")
-        out[key] = type(defaults[key])(val)
+        try:
+            out[key] = type(defaults[key])(val)
+        except ValueError:
+            raise ValueError(f"drafter {spec!r}: {key} needs a {type(defaults[key]).__name__}, got {val!r}") from None
     return out
 
 

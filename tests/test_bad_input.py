@@ -2,7 +2,7 @@
 full outputs the way a user would hand them over.
 
 Each case builds one bad input under tmp_path and runs the command as `draftsmith CMD ...` does
-(decode.cli.main, in-process; a subprocess where a file-size limit stands in for a full disk). It must
+(decode.cli.main, in-process; a file-size limit stands in for a full disk). It must
 exit 2 with ONE `error: ...` line that names the file (and line) or the option, no traceback, and leave
 every file on disk as it was (no half-written output, earlier outputs untouched).
 """
@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import resource
 import shutil
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,12 +22,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from decode.cli import main as draftsmith
-from tests.conftest import REPO, STORIES
+from tests.conftest import STORIES
 
 # id -> build(tmp, base) -> (argv of `draftsmith`, regex the error line must match)
 Case = Callable[[Path, Path], tuple[list[str], str]]
 CASES: dict[str, Case] = {}
-FULL_DISK: dict[str, Case] = {}  # run in a subprocess under a small RLIMIT_FSIZE
+FULL_DISK: dict[str, Case] = {}  # run under a small RLIMIT_FSIZE
 # the only files a case may change (relative to tmp_path): a run records its resolved recipe before resuming
 MAY_CHANGE = {"train_checkpoint_truncated": {"run/config.yaml"}}
 
@@ -213,8 +210,28 @@ for _name, _opts, _want in [
     ("max_new_tokens_0", ("--max-new-tokens", "0"), r"--max-new-tokens 0: must be >= 1"),
     ("max_new_tokens_negative", ("--max-new-tokens", "-5"), r"--max-new-tokens -5: must be >= 1"),
     ("target_pass_s_0", ("--target-pass-s", "0"), r"--target-pass-s must be > 0, got 0"),
+    ("dtype_unknown", ("--dtype", "float8"), r"dtype 'float8' not one of \['bf16', 'bfloat16'"),
 ]:
     option_case(_name, _opts, _want)
+
+
+@case
+def drafter_option_not_int(tmp, base):
+    return gen(base, drafter="prompt-lookup:ngram=x"), r"drafter 'prompt-lookup:ngram=x': ngram needs a int, got 'x'"
+
+
+@case
+def drafter_early_exit_out_of_range(tmp, base):
+    return gen(base, drafter="early-exit:9"), r"early-exit:9: K must be in 1\.\.4 for a 5-layer target"
+
+
+@case
+def engine_drafter_index_without_weight_map(tmp, base):
+    d = tmp / "d"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"]}))
+    (d / "model.safetensors.index.json").write_text('{"metadata": {}}')
+    return gen(base, drafter=str(d)), r"d/model\.safetensors\.index\.json: no 'weight_map' object; download or export"
 
 
 @case
@@ -258,6 +275,11 @@ def prompts_jsonl_turns_not_a_list(tmp, base):
 def prompts_jsonl_bad_later_line(tmp, base):
     p = lines(tmp, "p.jsonl", '{"prompt": "Once"}', '{"prompt": "Then",', '{"prompt": 3}')
     return ev(base, p, tmp / "out"), r"p\.jsonl:2: not valid JSON"
+
+
+@case
+def prompts_missing(tmp, base):
+    return ev(base, tmp / "p.jsonl", tmp / "out"), r"prompt file not found: .*p\.jsonl"
 
 
 @case
@@ -441,19 +463,19 @@ def test_bad_input(name, tmp_path, base, capsys):
 
 
 @pytest.mark.parametrize("name", sorted(FULL_DISK))
-def test_full_disk(name, tmp_path, base):
-    """A full disk while writing --out, simulated by a 16 KiB file-size limit (EFBIG, as ENOSPC reads)."""
+def test_full_disk(name, tmp_path, base, capsys):
+    """A full disk while writing --out, simulated by a 16 KiB file-size limit (writes fail with EFBIG, which
+    reads as ENOSPC does; Python ignores SIGXFSZ). The limit is lifted again right after the command."""
     argv, want = FULL_DISK[name](tmp_path, base)
     before = snapshot(tmp_path, base)
-    limit = 16 * 1024
-
-    def small_files() -> None:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
-
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-m", "decode.cli", *argv], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, preexec_fn=small_files, timeout=120)
-    check_error(proc.returncode, proc.stderr, want)
+    capsys.readouterr()
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (16 * 1024, hard))
+    try:
+        rc = draftsmith(argv)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    check_error(rc, capsys.readouterr().err, want)
     assert snapshot(tmp_path, base) == before
 
 
