@@ -18,6 +18,7 @@ from typing import Any
 
 USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, PermissionError, KeyError)
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # EFBIG: a file-size limit (ulimit -f) reads the same
+TYPE_NAMES = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}  # for messages
 
 
 class UserError(ValueError):
@@ -41,7 +42,7 @@ def read_json(path: str | os.PathLike, fix: str) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
-        raise UserError(f"{path}:{e.lineno}: not valid JSON ({e.msg} at column {e.colno}); {fix}") from None
+        raise UserError(f"{path}:{e.lineno}: not valid JSON ({e.msg}, column {e.colno}); {fix}") from None
     except UnicodeDecodeError:
         raise UserError(f"{path}: not a text (UTF-8) file; {fix}") from None
 

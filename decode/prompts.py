@@ -57,7 +57,7 @@ def parse_json_line(path: Path, lineno: int, line: str) -> Conversation:
     try:
         row = json.loads(line)
     except json.JSONDecodeError as e:
-        raise PromptFileError(f"{where}: not valid JSON ({e.msg} at column {e.colno}); a jsonl prompt file needs "
+        raise PromptFileError(f"{where}: not valid JSON ({e.msg}, column {e.colno}); a jsonl prompt file needs "
                               "one JSON object per line") from None
     if not isinstance(row, dict):
         raise PromptFileError(f"{where}: expected a JSON object, got {type(row).__name__}")

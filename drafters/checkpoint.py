@@ -22,7 +22,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from decode.errors import load_safetensors, read_json
+from decode.errors import TYPE_NAMES, load_safetensors, read_json
 from decode.protocol import Drafter
 from decode.target import Target
 from drafters.layouts import tokenizer_digest
@@ -71,10 +71,11 @@ def config_from_dict(cls: type, d: dict):
     if unknown:
         raise ValueError(f"{cls.__name__}: unknown keys {unknown} (valid: {sorted(names)})")
     kw = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
-    wrong = [f"{f.name}={kw[f.name]!r}" for f in fields(cls) if f.name in kw and not fits(kw[f.name], f.default)]
-    if wrong:
-        raise ValueError(f"{cls.__name__}: wrongly typed values {wrong} (defaults: "
-                         f"{ {f.name: f.default for f in fields(cls) if f.name in kw} })")
+    for f in fields(cls):
+        if f.name in kw and not fits(kw[f.name], f.default):
+            kind = TYPE_NAMES.get(type(f.default), f"a {type(f.default).__name__}")
+            raise ValueError(f"{cls.__name__}: {f.name} must be {kind} (like the default {f.default!r}), "
+                             f"got {kw[f.name]!r}")
     return cls(**kw)
 
 
@@ -207,7 +208,10 @@ def load_drafter(ckpt_dir: str | os.PathLike, target: Target) -> nn.Module:
     if meta.get("format_version", 0) > FORMAT_VERSION:
         raise ValueError(f"{path}: checkpoint format {meta['format_version']} is newer than this version's {FORMAT_VERSION}")
     check_target(meta, target, path)
-    module = new_drafter(kind, target, meta["config"])
+    try:
+        module = new_drafter(kind, target, meta["config"])
+    except ValueError as e:  # a config section that is not this version's: name the file
+        raise ValueError(f"{path}/config.json: {e}; re-export the drafter (or retrain it)") from None
     load_weights(module, path)
     return module.eval()
 

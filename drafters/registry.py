@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from decode.errors import TYPE_NAMES
 from decode.protocol import Drafter
 from decode.target import Target
 
@@ -30,7 +31,7 @@ def parse_kv(arg: str, defaults: dict[str, int | float], spec: str) -> dict[str,
         try:
             out[key] = type(defaults[key])(val)
         except ValueError:
-            raise ValueError(f"drafter {spec!r}: {key} needs a {type(defaults[key]).__name__}, got {val!r}") from None
+            raise ValueError(f"drafter {spec!r}: {key} needs {TYPE_NAMES[type(defaults[key])]}, got {val!r}") from None
     return out
 
 

@@ -150,7 +150,7 @@ def unreadable_line(p: Path) -> str | None:
                 if line.strip() and not isinstance(json.loads(line), dict):
                     return f"{p}:{n}: not a JSON object"
             except json.JSONDecodeError as e:
-                return f"{p}:{n}: not valid JSON ({e.msg} at column {e.colno})"
+                return f"{p}:{n}: not valid JSON ({e.msg}, column {e.colno})"
     return None
 
 
