@@ -5,12 +5,18 @@ Each case builds one bad input under tmp_path and runs the command as `draftsmit
 (decode.cli.main, in-process; a file-size limit stands in for a full disk). It must
 exit 2 with ONE `error: ...` line that names the file (and line) or the option, no traceback, and leave
 every file on disk as it was (no half-written output, earlier outputs untouched).
+
+Checked by hand as root, where chmod cannot take write permission away: --out or run_dir on a read-only
+tmpfs gives `error: --out DIR: cannot write in MOUNT (Read-only file system); point --out at a directory you
+can write`, and a full 64 KiB tmpfs gives `error: --out DIR: disk full (No space left on device); nothing
+was written: ...` with the earlier report.json intact.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import resource
 import shutil
@@ -299,6 +305,15 @@ def evaluate_out_is_a_file(tmp, base):
 def evaluate_out_under_a_file(tmp, base):
     (tmp / "f").write_text("mine\n")
     return ev(base, lines(tmp, "p.txt", "Once"), tmp / "f" / "out"), r"--out .*f/out: .*f is a file, not a directory"
+
+
+@case
+def evaluate_out_no_permission(tmp, base):
+    if os.geteuid() == 0:
+        pytest.skip("root writes anywhere: a read-only mount shows the same message (see the module docstring)")
+    (tmp / "ro").mkdir(mode=0o500)
+    return ev(base, lines(tmp, "p.txt", "Once"), tmp / "ro" / "out"), \
+        r"--out .*ro/out: cannot write in .*ro \(Permission denied\); point --out at a directory you can write"
 
 
 @full_disk
