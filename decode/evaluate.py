@@ -198,5 +198,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {', '.join(str(p) for p in paths)}", file=sys.stderr)
     return 0
 
+
 if __name__ == "__main__":
     sys.exit(main())

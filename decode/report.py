@@ -250,7 +250,7 @@ def write_report(report: dict, out: str | Path) -> list[Path]:
     # all or nothing: build every file in a temp dir inside `out`, then rename them into place (renames
     # need no space), so a full disk leaves an earlier report whole and a new `out` not created
     out = Path(out)
-    created = not out.exists()
+    created = [d for d in (out, *out.parents) if not d.exists()]  # removed again on failure
     out.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out, prefix=".report-"))
     try:
@@ -262,7 +262,7 @@ def write_report(report: dict, out: str | Path) -> list[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         if created:
-            shutil.rmtree(out, ignore_errors=True)
+            shutil.rmtree(created[-1], ignore_errors=True)
         raise
     tmp.rmdir()
     return [out / name for name in names]
