@@ -17,6 +17,8 @@ import importlib.util
 import runpy
 import sys
 
+from decode.errors import run_cli
+
 COMMANDS = {
     "train": "train",
     "export": "drafters.export",
@@ -50,7 +52,7 @@ def run_module(module: str, prog: str, argv: list[str]) -> int:
         if not module.endswith("__main__"):
             mod = importlib.import_module(module)
             if callable(getattr(mod, "main", None)):
-                return int(mod.main(argv) or 0)
+                return int(run_cli(mod.main, argv) or 0)  # a user error: one `error:` line, exit 2
         sys.argv = [prog, *argv]  # what the module's argparse reads, as under `python -m`
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as e:  # argparse errors and --help, or a module ending with sys.exit(main())

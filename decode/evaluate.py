@@ -165,11 +165,16 @@ def main(argv: list[str] | None = None) -> int:
 
     from transformers.utils import logging as hf_logging
 
+    from decode.errors import USER_ERRORS, check_out_dir, writing
+    from decode.generate import check_decode_args
+
     hf_logging.set_verbosity_error()  # HF assisted generation warns on every drafting call
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     try:
+        check_decode_args(args)
+        check_out_dir(args.out)  # an unwritable --out fails now, not after the whole evaluation
         cfg = EvalConfig(args.max_new_tokens, SamplingConfig(args.temperature, args.top_k, args.top_p), args.tree,
                          args.draft_len, args.policy, args.seed, not args.no_warmup)
         parse_shape(cfg.tree, cfg.draft_len)  # fail on a bad --tree before loading anything
@@ -182,12 +187,13 @@ def main(argv: list[str] | None = None) -> int:
         base_specs = [d.rpartition("@")[0] if "@" in d else d for d in args.drafter]
         target = load_target_from_args(args, resident_layers([d for d in base_specs if not is_hf_spec(d)]))
         runners = prepare(target, args.drafter, cfg)
-    except (ValueError, FileNotFoundError) as e:  # bad input: say what to fix, no traceback
+        meta = {"target": args.target, "prompts": args.prompts, "dtype": args.dtype, "attn": args.attn}
+        report = evaluate(target, runners, convs, cfg, args.target_pass_s, meta)
+        with writing(args.out):
+            paths = write_report(report, args.out)
+    except USER_ERRORS as e:  # bad input: say what to fix, no traceback
         print(f"error: {e}", file=sys.stderr)
         return 2
-    meta = {"target": args.target, "prompts": args.prompts, "dtype": args.dtype, "attn": args.attn}
-    report = evaluate(target, runners, convs, cfg, args.target_pass_s, meta)
-    paths = write_report(report, args.out)
     print_table(report)
     print(f"wrote {', '.join(str(p) for p in paths)}", file=sys.stderr)
     return 0

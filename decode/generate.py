@@ -171,6 +171,12 @@ def add_decode_args(ap: argparse.ArgumentParser) -> None:
     add_offload_args(ap)  # --offload/--max-memory/--offload-dir/--device: load with decode.offload.load_target_from_args
 
 
+def check_decode_args(args: argparse.Namespace) -> None:
+    """The add_decode_args options no dataclass checks."""
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens {args.max_new_tokens}: must be >= 1")
+
+
 def policy_for(spec: str, target_pass_s: float | None = None) -> Policy:
     """A fresh policy (they keep per-run state); target_pass_s: the pass cost the cost-aware ones decide
     with (None = measure it as the run goes)."""
@@ -188,13 +194,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds one target pass costs, for the cost-aware policies (e.g. 20 for a streamed 14B "
                          "target); default: measured as the run goes")
     args = ap.parse_args(argv)
+    # options first: a bad value fails in a second, not after loading the target
+    check_decode_args(args)
+    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
+    shape = parse_shape(args.tree, args.draft_len)
+    policy_for(args.policy, args.target_pass_s)
     torch.manual_seed(args.seed)
     target = load_target_from_args(args, resident_layers([args.drafter]))
     if target.placement is not None:
         print(target.placement.describe(), file=sys.stderr)
     drafter = make_drafter(args.drafter, target)
-    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
-    shape = parse_shape(args.tree, args.draft_len)
     tok = target.tokenizer
     ids = encode_prompt(target, args.prompt)
     shown = ids.tolist()

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from decode.errors import TYPE_NAMES
 from decode.tree import Shape
 
 # Seconds one target pass takes when it verifies `rows` rows (root + draft nodes).
@@ -246,7 +247,7 @@ def make_policy(spec: str, pass_cost: PassCost | None = None) -> Policy:
         try:
             kw[key] = type(defaults[key])(val)
         except ValueError:
-            raise ValueError(f"--policy {spec!r}: {key} needs a {type(defaults[key]).__name__}") from None
+            raise ValueError(f"--policy {spec!r}: {key} needs {TYPE_NAMES[type(defaults[key])]}, got {val!r}") from None
     if kw.get("max", 0) < 0 or not 0.0 <= kw.get("decay", 0.0) <= 1.0:
         raise ValueError(f"--policy {spec!r}: max must be >= 0 and decay in [0, 1]")
     return build(Costs(pass_cost), **kw)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_CATEGORY = "default"
+JSONL_SUFFIXES = (".jsonl", ".json")  # always parsed as jsonl: a bad line is an error, never a text prompt
 
 
 class PromptFileError(ValueError):
@@ -29,15 +30,19 @@ class Conversation:
 
 
 def load_prompts(path: str | Path, limit: int | None = None) -> list[Conversation]:
-    """Read a prompt file; jsonl when the first non-blank line starts with '{', else one prompt a line."""
+    """Read a prompt file; jsonl when named .jsonl or when the first non-blank line starts with '{', else
+    one prompt a line."""
     path = Path(path)
     if not path.is_file():
         raise PromptFileError(f"prompt file not found: {path}")
-    lines = path.read_text(encoding="utf-8").splitlines()
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise PromptFileError(f"{path}: not a UTF-8 text file (byte {e.start}); give one prompt a line or jsonl rows") from None
     numbered = [(n, line) for n, line in enumerate(lines, start=1) if line.strip()]
     if not numbered:
         raise PromptFileError(f"{path}: no prompts (the file is empty); give one prompt a line or jsonl rows")
-    is_jsonl = numbered[0][1].lstrip().startswith("{")
+    is_jsonl = path.suffix in JSONL_SUFFIXES or numbered[0][1].lstrip().startswith("{")
     convs = [parse_json_line(path, n, line) if is_jsonl else text_line(n, line) for n, line in numbered]
     return convs[:limit] if limit is not None else convs
 
@@ -52,7 +57,7 @@ def parse_json_line(path: Path, lineno: int, line: str) -> Conversation:
     try:
         row = json.loads(line)
     except json.JSONDecodeError as e:
-        raise PromptFileError(f"{where}: not valid JSON ({e.msg} at column {e.colno}); a jsonl prompt file needs "
+        raise PromptFileError(f"{where}: not valid JSON ({e.msg}, column {e.colno}); a jsonl prompt file needs "
                               "one JSON object per line") from None
     if not isinstance(row, dict):
         raise PromptFileError(f"{where}: expected a JSON object, got {type(row).__name__}")

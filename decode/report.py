@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -140,10 +141,6 @@ def atomic_write(path: Path, write: Callable[[str], None]) -> None:
         raise
 
 
-def write_text(path: Path, text: str) -> None:
-    atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
-
-
 def fmt(x, spec: str = ".2f") -> str:
     if x is None:
         return "–"
@@ -250,8 +247,22 @@ def plot(report: dict, out: Path) -> list[Path]:
 
 def write_report(report: dict, out: str | Path) -> list[Path]:
     """report.json, report.md and the plots under `out`; returns the paths written."""
+    # all or nothing: build every file in a temp dir inside `out`, then rename them into place (renames
+    # need no space), so a full disk leaves an earlier report whole and a new `out` not created
     out = Path(out)
+    created = [d for d in (out, *out.parents) if not d.exists()]  # removed again on failure
     out.mkdir(parents=True, exist_ok=True)
-    write_text(out / "report.json", json.dumps(report, indent=2) + "\n")
-    write_text(out / "report.md", markdown(report))
-    return [out / "report.json", out / "report.md", *plot(report, out)]
+    tmp = Path(tempfile.mkdtemp(dir=out, prefix=".report-"))
+    try:
+        (tmp / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        (tmp / "report.md").write_text(markdown(report), encoding="utf-8")
+        names = ["report.json", "report.md", *(p.name for p in plot(report, tmp))]
+        for name in names:
+            os.replace(tmp / name, out / name)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if created:
+            shutil.rmtree(created[-1], ignore_errors=True)
+        raise
+    tmp.rmdir()
+    return [out / name for name in names]

@@ -22,8 +22,13 @@ class SamplingConfig:
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
-            raise ValueError(f"bad sampling settings {self}: need temperature >= 0, 0 < top_p <= 1, top_k >= 0")
+        # named as the CLI options are: that is where a bad value comes from
+        if not self.temperature >= 0:
+            raise ValueError(f"--temperature {self.temperature}: must be >= 0 (0 = greedy)")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"--top-p {self.top_p}: must be in (0, 1] (1 = no nucleus filter)")
+        if self.top_k < 0:
+            raise ValueError(f"--top-k {self.top_k}: must be >= 0 (0 = no top-k filter)")
 
     @property
     def greedy(self) -> bool:

@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from torch import Tensor, nn
 
+from decode.errors import UserError, one_line, read_json
 from decode.tree import DraftTree, ancestor_matrix, tree_attention_mask, tree_depths
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -107,6 +109,7 @@ def resolve_model_path(name_or_path: str | os.PathLike) -> str:
     if p.exists():
         if not (p / "config.json").exists():
             raise FileNotFoundError(f"{p} exists but has no config.json: point --target at a model directory")
+        read_json(p / "config.json", "the model's config.json is damaged: copy or download the model again")
         return str(p)
     s = str(name_or_path)
     if s.startswith((".", "/", "~")) or s.count("/") != 1:
@@ -133,6 +136,9 @@ def load_model(name_or_path: str | os.PathLike, dtype: str = "float32", attn: st
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation=attn,
                                                      trust_remote_code=False, **placed)
+    except SafetensorError as e:  # a truncated or corrupt weight file (an interrupted download or copy)
+        raise UserError(f"{broken_file(path)}: not a readable safetensors file ({one_line(e)}); copy or download "
+                        "the model again") from None
     except OSError as e:
         offline = os.environ.get("HF_HUB_OFFLINE") == "1"
         hint = " (HF_HUB_OFFLINE=1: download it first or pass a local directory)" if offline else ""
@@ -140,6 +146,19 @@ def load_model(name_or_path: str | os.PathLike, dtype: str = "float32", attn: st
     if device_map is None:
         model = model.to(device)
     return model.eval().requires_grad_(False)
+
+
+def broken_file(model_dir: str) -> str:
+    """The first safetensors file of a local model directory whose header does not read (else the directory)."""
+    from safetensors import safe_open
+
+    for f in sorted(Path(model_dir).glob("*.safetensors")):
+        try:
+            with safe_open(str(f), "pt"):
+                pass
+        except SafetensorError:
+            return str(f)
+    return model_dir
 
 
 def load_tokenizer(name_or_path: str | os.PathLike):

@@ -6,7 +6,6 @@ that the target has not processed yet). Parents precede children. A chain is par
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -142,24 +141,45 @@ def parse_shape(spec: str, draft_len: int = 8) -> Shape:
     """`chain`, `static:FILE` (json list of paths), `dynamic:topk=8,depth=6,nodes=60`."""
     kind, _, arg = spec.partition(":")
     if kind == "chain":
+        if draft_len < 1:
+            raise ValueError(f"--draft-len {draft_len}: a chain needs at least 1 token (use --drafter ar for plain "
+                             "decoding)")
         return Shape("chain", k=draft_len)
     if kind == "static":
-        if not arg or not Path(arg).exists():
-            raise FileNotFoundError(f"--tree static:FILE needs a json file of choice paths, got {arg!r}")
-        choices = tuple(sorted({tuple(int(x) for x in c) for c in json.loads(Path(arg).read_text())}, key=lambda c: (len(c), c)))
-        for c in choices:
-            if len(c) > 1 and c[:-1] not in choices:
-                raise ValueError(f"static tree {arg}: path {list(c)} has no parent path {list(c[:-1])}")
-        return Shape("static", choices=choices)
+        return Shape("static", choices=read_choices(arg))
     if kind == "dynamic":
         kw = dict(topk=8, depth=6, nodes=60)
         for part in filter(None, arg.split(",")):
-            key, _, val = part.partition("=")
-            if key not in kw:
-                raise ValueError(f"dynamic tree option {key!r} not one of {sorted(kw)}")
-            kw[key] = int(val)
+            key, eq, val = part.partition("=")
+            if not eq or key not in kw:
+                raise ValueError(f"--tree {spec!r}: option {part!r} not one of {sorted(kw)} (form key=value)")
+            try:
+                kw[key] = int(val)
+            except ValueError:
+                raise ValueError(f"--tree {spec!r}: {key} needs an integer, got {val!r}") from None
+            if kw[key] < 1:
+                raise ValueError(f"--tree {spec!r}: {key} must be >= 1, got {kw[key]} (a tree with no nodes drafts "
+                                 "nothing; use --drafter ar for plain decoding)")
         return Shape("dynamic", **kw)
     raise ValueError(f"--tree {spec!r}: expected chain | static:FILE | dynamic:topk=..,depth=..,nodes=..")
+
+
+def read_choices(arg: str) -> tuple[tuple[int, ...], ...]:
+    """A static tree file: a json list of paths, each a list of child ranks (>= 0), every prefix listed too."""
+    from decode.errors import read_json
+
+    if not arg or not Path(arg).is_file():
+        raise FileNotFoundError(f"--tree static:FILE needs a json file of choice paths, got {arg!r}")
+    form = "write a json list of paths of child ranks, e.g. [[0], [1], [0, 0]]"
+    raw = read_json(arg, form)
+    if not isinstance(raw, list) or not all(isinstance(c, list) and c and all(type(x) is int and x >= 0 for x in c)
+                                            for c in raw):
+        raise ValueError(f"--tree static:{arg}: not a list of non-empty lists of ranks >= 0; {form}")
+    choices = tuple(sorted({tuple(c) for c in raw}, key=lambda c: (len(c), c)))
+    for c in choices:
+        if len(c) > 1 and c[:-1] not in choices:
+            raise ValueError(f"--tree static:{arg}: path {list(c)} has no parent path {list(c[:-1])}; add it")
+    return choices
 
 
 # A drafter's step function: given new nodes (ids [n] in grown order, tokens [n], parent ids [n],

@@ -19,9 +19,10 @@ from dataclasses import asdict, fields
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
+from decode.errors import TYPE_NAMES, load_safetensors, read_json
 from decode.protocol import Drafter
 from decode.target import Target
 from drafters.layouts import tokenizer_digest
@@ -69,7 +70,26 @@ def config_from_dict(cls: type, d: dict):
     unknown = sorted(set(d) - names)
     if unknown:
         raise ValueError(f"{cls.__name__}: unknown keys {unknown} (valid: {sorted(names)})")
-    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+    kw = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+    for f in fields(cls):
+        if f.name in kw and not fits(kw[f.name], f.default):
+            kind = TYPE_NAMES.get(type(f.default), f"a {type(f.default).__name__}")
+            raise ValueError(f"{cls.__name__}: {f.name} must be {kind} (like the default {f.default!r}), "
+                             f"got {kw[f.name]!r}")
+    return cls(**kw)
+
+
+def fits(value, default) -> bool:
+    """A json value of the default's type (an int where a float goes; anything for a None/factory default)."""
+    if isinstance(default, bool):
+        return isinstance(value, bool)
+    if isinstance(default, int):
+        return type(value) is int
+    if isinstance(default, float):
+        return type(value) in (int, float)
+    if isinstance(default, (str, tuple)):
+        return isinstance(value, type(default))
+    return True
 
 
 def native_meta(module: nn.Module, recipe: dict | None = None, target_id: str | None = None) -> dict:
@@ -135,7 +155,7 @@ def read_meta(ckpt_dir: str | os.PathLike) -> dict | None:
     p = Path(ckpt_dir) / "config.json"
     if not p.is_file():
         return None
-    meta = json.loads(p.read_text())
+    meta = read_json(p, "the checkpoint's config.json is damaged: re-export the drafter (or retrain it)")
     return meta if isinstance(meta, dict) and "draftsmith_drafter" in meta else None
 
 
@@ -180,12 +200,18 @@ def load_drafter(ckpt_dir: str | os.PathLike, target: Target) -> nn.Module:
     if meta is None:
         raise ValueError(f"{path} is not a native draftsmith checkpoint (no config.json with 'draftsmith_drafter')")
     kind = meta["draftsmith_drafter"]
+    if not isinstance(meta.get("config"), dict) or not isinstance((meta.get("target") or {}).get("fingerprint"), dict):
+        raise ValueError(f"{path}/config.json lacks its 'config' or 'target.fingerprint' section: re-export the "
+                         "drafter (or retrain it)")
     if kind not in drafter_kinds():
         raise ValueError(f"{path}: drafter kind {kind!r} unknown to this version ({sorted(drafter_kinds())})")
     if meta.get("format_version", 0) > FORMAT_VERSION:
         raise ValueError(f"{path}: checkpoint format {meta['format_version']} is newer than this version's {FORMAT_VERSION}")
     check_target(meta, target, path)
-    module = new_drafter(kind, target, meta["config"])
+    try:
+        module = new_drafter(kind, target, meta["config"])
+    except ValueError as e:  # a config section that is not this version's: name the file
+        raise ValueError(f"{path}/config.json: {e}; re-export the drafter (or retrain it)") from None
     load_weights(module, path)
     return module.eval()
 
@@ -210,7 +236,8 @@ def load_weights(module: nn.Module, ckpt_dir: str | os.PathLike) -> None:
     weights = path / "model.safetensors"
     if not weights.is_file():
         raise FileNotFoundError(f"{path}: model.safetensors is missing")
-    state = load_file(str(weights), device=str(module.target.device))
+    state = load_safetensors(weights, "the checkpoint is damaged (an interrupted copy?): copy or export it again",
+                             str(module.target.device))
     expected = {k: v for k, v in module.state_dict().items() if not k.startswith("lora.")}
     missing, extra = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
     if missing or extra:
@@ -219,6 +246,10 @@ def load_weights(module: nn.Module, ckpt_dir: str | os.PathLike) -> None:
     bad = [f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}" for k, v in expected.items() if state[k].shape != v.shape]
     if bad:
         raise ValueError(f"{weights}: tensor shapes differ from the config's: {bad[:5]}")
+    kinds = [f"{k} {state[k].dtype}" for k, v in expected.items() if state[k].is_floating_point() != v.is_floating_point()]
+    if kinds:  # load_state_dict would cast silently; an integer weight (or a float index tensor) is a foreign file
+        raise ValueError(f"{weights}: tensors of the wrong kind of dtype (integer vs floating point): {kinds[:5]}; "
+                         "the file is not this drafter's: export it again")
     module.load_state_dict(state, strict=False)  # strict on everything but the LoRA adapter, checked above
     if hasattr(module, "lora"):
         module.load_adapter(path / ADAPTER_DIR)

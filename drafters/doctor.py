@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rep = diagnose(args.drafter, args.target)
     except (ValueError, FileNotFoundError) as e:
-        print(f"doctor: {e}", file=sys.stderr)
+        print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"{args.drafter}: {rep.summary}")
     for i, p in enumerate(rep.problems, 1):

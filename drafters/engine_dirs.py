@@ -12,14 +12,13 @@ only matter to an engine (max_position_embeddings) are printed as warnings.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 from torch import Tensor
 
+from decode.errors import load_safetensors, read_json
 from decode.target import Target
 from drafters.layouts import (
     LAYER_PREFIX,
@@ -33,14 +32,18 @@ from drafters.layouts import (
 
 def read_config(path: Path) -> dict | None:
     p = path / "config.json"
-    return json.loads(p.read_text()) if p.is_file() else None
+    return read_json(p, "the drafter's config.json is damaged: download or export it again") if p.is_file() else None
 
 
 def weight_files(path: Path) -> list[Path]:
     """The safetensors files of a model directory (one file or an indexed set); refuses pickles."""
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        return [path / f for f in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+        raw = read_json(index, "download or export the drafter again")
+        weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
+        if not isinstance(weight_map, dict):
+            raise ValueError(f"{index}: no 'weight_map' object; download or export the drafter again")
+        return [path / f for f in sorted(set(weight_map.values()))]
     if (path / "model.safetensors").is_file():
         return [path / "model.safetensors"]
     pickles = sorted(p.name for p in path.glob("*.bin")) + sorted(p.name for p in path.glob("*.pt"))
@@ -54,7 +57,8 @@ def weight_files(path: Path) -> list[Path]:
 def read_tensors(path: Path) -> dict[str, Tensor]:
     out: dict[str, Tensor] = {}
     for f in weight_files(path):
-        out.update(load_file(str(f)))
+        out.update(load_safetensors(f, "the drafter's weights are damaged (an interrupted download?): download or "
+                                    "export them again"))
     return out
 
 

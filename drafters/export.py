@@ -20,9 +20,10 @@ import sys
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
+from decode.errors import UserError, check_out_dir, one_line, writing
 from drafters.checkpoint import (
     ADAPTER_DIR,
     config_fingerprint,
@@ -90,8 +91,12 @@ def target_config(name_or_path: str):
 
 def file_shapes(path: Path) -> dict[str, tuple[int, ...]]:
     """{key: shape} of a safetensors file, read from its header (no tensor is loaded)."""
-    with safe_open(str(path), "pt") as f:
-        return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    try:
+        with safe_open(str(path), "pt") as f:
+            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    except SafetensorError as e:
+        raise UserError(f"{path}: not a readable safetensors file ({one_line(e)}); the file is damaged (an "
+                        "interrupted copy?): copy or export it again") from None
 
 
 def target_head(model_dir: Path | None, config) -> torch.Tensor:
@@ -120,6 +125,7 @@ def export(src: str | Path, fmt: str, out: str | Path, target: str | None = None
         raise ValueError(f"--format {fmt!r} not one of {sorted(FORMATS)}")
     if dtype != "keep" and dtype not in DTYPES:
         raise ValueError(f"--dtype {dtype!r} not one of keep, {', '.join(DTYPES)}")
+    check_out_dir(out)  # before reading anything: an unwritable --out fails at once
     ckpt = find_checkpoint(src)
     meta = read_meta(ckpt)
     kind = meta["draftsmith_drafter"]
@@ -141,7 +147,8 @@ def export(src: str | Path, fmt: str, out: str | Path, target: str | None = None
     if fmt == "native":
         if dtype != "keep":
             raise ValueError("the native format keeps the training dtype (--dtype is for engine formats)")
-        return write_atomically(out, lambda tmp: copy_native(ckpt, tmp))
+        with writing(out):
+            return write_atomically(out, lambda tmp: copy_native(ckpt, tmp))
 
     # 3. plan, gather, check
     facts = TargetFacts.of(config.to_dict(), name)
@@ -168,7 +175,8 @@ def export(src: str | Path, fmt: str, out: str | Path, target: str | None = None
             if tok_dir is not None and (tok_dir / f).is_file():
                 shutil.copy2(tok_dir / f, tmp / f)
 
-    return write_atomically(out, write)
+    with writing(out):
+        return write_atomically(out, write)
 
 
 def copy_native(ckpt: Path, tmp: Path) -> None:
@@ -195,8 +203,8 @@ def main(argv: list[str] | None = None) -> int:
         out = export(args.src, args.format, args.out, args.target, args.dtype, args.speculative_tokens,
                      args.medusa_shared_head)
     except (ValueError, FileNotFoundError) as e:
-        print(f"export: {e}", file=sys.stderr)
-        return 1
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     cfg = json.loads((out / "config.json").read_text())
     shapes = file_shapes(out / "model.safetensors")
     params = sum(int(torch.Size(s).numel()) for s in shapes.values())

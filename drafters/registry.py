@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from decode.errors import TYPE_NAMES
 from decode.protocol import Drafter
 from decode.target import Target
 
@@ -27,7 +28,10 @@ def parse_kv(arg: str, defaults: dict[str, int | float], spec: str) -> dict[str,
         key, eq, val = part.partition("=")
         if not eq or key not in defaults:
             raise ValueError(f"drafter {spec!r}: option {part!r} not one of {sorted(defaults)} (form key=value)")
-        out[key] = type(defaults[key])(val)
+        try:
+            out[key] = type(defaults[key])(val)
+        except ValueError:
+            raise ValueError(f"drafter {spec!r}: {key} needs {TYPE_NAMES[type(defaults[key])]}, got {val!r}") from None
     return out
 
 

@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from decode.errors import run_cli
+from decode.errors import check_out_dir, run_cli
 from drafters.checkpoint import drafter_kinds, save_drafter
 from train.config import load_recipe, to_dict, with_feature_ids
 from train.dataset import training_data
@@ -46,6 +46,7 @@ def run(recipe) -> int:
 
     if not recipe.drafter.kind:
         raise ValueError("drafter.kind is not set: choose eagle3 | eagle1 | medusa | layerskip (e.g. drafter.kind=eagle3)")
+    check_out_dir(recipe.run_dir, "run_dir")  # before the target loads: an unwritable run_dir fails at once
     # 1. processes first. Plain CPU ranks need cpu=True (accelerate 1.15 forms no CPU ranks without it);
     # DeepSpeed (also on CPU with DS_ACCELERATOR=cpu) must get a plain PartialState: cpu=True would
     # turn it into MULTI_CPU, and a pre-set backend breaks the Accelerator's state.

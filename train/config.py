@@ -171,7 +171,10 @@ def load_config(cls: type, yaml_path: str | Path | None, overrides: Sequence[str
         try:
             raw = OmegaConf.load(p)  # OmegaConf's YAML reads 1e-3 as a float (PyYAML: a string)
         except yaml.YAMLError as e:
-            raise ConfigError(f"{p}: not valid YAML: {e}") from e
+            mark = getattr(e, "problem_mark", None)
+            where = f"{p}:{mark.line + 1}" if mark is not None else str(p)
+            raise ConfigError(f"{where}: not valid YAML ({getattr(e, 'problem', None) or type(e).__name__}); fix "
+                              "that line (YAML wants `key: value`, nested keys indented)") from None
         if not isinstance(raw, DictConfig):
             raise ConfigError(f"{p}: the top level must be a mapping of keys, got a {type(raw).__name__}")
         cfg = _merge(cfg, raw, str(p))

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,7 +123,11 @@ def load_source(source: str, split: str = "train") -> datasets.Dataset:
             raise ValueError(f"{p}: unsupported file type {p.suffix!r}; use one of {', '.join(FILE_BUILDERS)}")
         if p.stat().st_size == 0:
             raise ValueError(f"{p}: empty file")
-        return datasets.load_dataset(FILE_BUILDERS[p.suffix], data_files=str(p), split="train")
+        try:
+            return datasets.load_dataset(FILE_BUILDERS[p.suffix], data_files=str(p), split="train")
+        except Exception as e:  # noqa: BLE001 - datasets wraps a parse error in DatasetGenerationError
+            raise ValueError(f"{unreadable_line(p) or p}: cannot read this {p.suffix} file ({type(e).__name__}); "
+                             "fix or remove the record") from None
     if source.startswith((".", "/", "~")) or p.suffix in FILE_BUILDERS or source.count("/") > 1:
         raise FileNotFoundError(f"data source not found: {source}")
     try:  # a hub dataset name
@@ -133,6 +138,20 @@ def load_source(source: str, split: str = "train") -> datasets.Dataset:
                "save_to_disk) and pass the local file or directory in data.source" if offline else
                "pass a local jsonl/json/parquet/csv/txt file or a save_to_disk directory in data.source")
         raise FileNotFoundError(f"cannot load hub dataset {source!r} ({type(e).__name__}); {how}") from e
+
+
+def unreadable_line(p: Path) -> str | None:
+    """`file:line: not valid JSON (...)` for the first bad line of a jsonl file (None: not jsonl, or none found)."""
+    if p.suffix != ".jsonl":
+        return None
+    with p.open(encoding="utf-8", errors="replace") as f:
+        for n, line in enumerate(f, start=1):
+            try:
+                if line.strip() and not isinstance(json.loads(line), dict):
+                    return f"{p}:{n}: not a JSON object"
+            except json.JSONDecodeError as e:
+                return f"{p}:{n}: not valid JSON ({e.msg}, column {e.colno})"
+    return None
 
 
 def detect_format(columns: list[str], source: str) -> str:

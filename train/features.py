@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         return run(load_recipe(args.recipe, args.overrides))
     except (ValueError, FileNotFoundError, CacheError) as e:  # bad input: the message says what to do
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return 2
 
 
 def run(recipe: Recipe) -> int:

@@ -11,14 +11,17 @@ from __future__ import annotations
 import json
 import math
 import os
+import pickle
 import shutil
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
 
+from decode.errors import UserError, one_line
 from drafters.losses import simulated_chain_tau as simulated_tau
 from train.config import TrainConfig, dump_config
 from train.dataset import make_loader
@@ -162,7 +165,11 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
         if not resume_from.is_dir():
             raise FileNotFoundError(f"train.resume={cfg.resume}: no such checkpoint directory")
     if resume_from is not None:
-        acc.load_state(str(resume_from))
+        try:
+            acc.load_state(str(resume_from))
+        except (SafetensorError, OSError, RuntimeError, EOFError, pickle.UnpicklingError) as e:
+            raise UserError(f"checkpoint {resume_from} is unreadable ({type(e).__name__}: {one_line(e)[:200]}); delete "
+                            "it to resume from the one before, or set train.resume=never") from None
         step = int(resume_from.name[len(CKPT_PREFIX):]) if resume_from.name.startswith(CKPT_PREFIX) else 0
         if main:
             print(f"[train] resumed from {resume_from} at step {step}")

@@ -155,7 +155,7 @@ def test_undeclared_drafter_without_probabilities_is_caught_at_its_first_draft(t
 
 
 @pytest.mark.parametrize("spec,match", [("greedy", "available policies"), ("threshold:q=1", "not one of"),
-                                        ("threshold:p=2", r"\[0, 1\]"), ("learning:max=x", "needs a int"),
+                                        ("threshold:p=2", r"\[0, 1\]"), ("learning:max=x", "needs an integer"),
                                         ("stopping:decay=3", "decay")])
 def test_bad_policy_specs(spec, match):
     with pytest.raises(ValueError, match=match):

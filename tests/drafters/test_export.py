@@ -239,7 +239,7 @@ def test_export_gate_names_what_is_wrong():
                                       ("eagle3", "medusa-vllm")])
 def test_unfit_format_is_a_clear_error(tmp_path, target_dir, capsys, kind, fmt):
     m = build(kind, Target.load(target_dir))
-    assert main([str(run_dir(tmp_path, m, target_dir)), "--format", fmt, "--out", str(tmp_path / "x")]) == 1
+    assert main([str(run_dir(tmp_path, m, target_dir)), "--format", fmt, "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
     assert f"format {fmt!r} does not fit a {m.kind} drafter" in err and "exports as:" in err
     assert not (tmp_path / "x").exists()
@@ -328,7 +328,7 @@ def test_export_is_atomic(tmp_path, target_dir, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(export_mod, "save_file", broken)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(ValueError, match=r"--out .*e: cannot write \(disk full\)"):  # a one-line user error
         export(src, "eagle3", tmp_path / "e", dtype="bfloat16")
     assert (out / "model.safetensors").read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["e", "run"]

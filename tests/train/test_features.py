@@ -194,7 +194,7 @@ def test_two_cpu_ranks_equal_one_process(built, work):
 
 def test_cli_reports_bad_input_and_online_mode(built, capsys):
     r, _ = built
-    assert features.main([str(r_path(r)), *overrides_of(r), "data.max_lenght=3"]) == 1
+    assert features.main([str(r_path(r)), *overrides_of(r), "data.max_lenght=3"]) == 2
     assert "did you mean 'data.max_length'" in capsys.readouterr().err
     assert features.main([str(r_path(r)), *overrides_of(r), "features.mode=online"]) == 0
     assert "nothing to extract" in capsys.readouterr().err
