@@ -66,7 +66,7 @@ def run(recipe) -> int:
     drafter = build_drafter(recipe, target, train_ds).to(state.device)
     recipe_dict = to_dict(recipe)
     train(recipe, drafter, target, train_ds, eval_ds, featurize,
-          export_fn=lambda d, out: save_drafter(d, out, recipe=recipe_dict, target_id=recipe.target))
+          export_fn=lambda d, out, state: save_drafter(d, out, recipe=recipe_dict, target_id=recipe.target, state=state))
     return 0
 
 

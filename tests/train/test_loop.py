@@ -180,3 +180,59 @@ def test_deepspeed_zero2_on_cpu(tmp_path, regen):
     assert "DEEPSPEED" in p.stdout
     assert len(_losses(tmp_path / "ds/run")) == 3
     assert (tmp_path / "ds/run/export/model.safetensors").exists()
+
+
+def _fsdp_checkpoint_weights(ckpt: Path, like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The drafter's full weights from an FSDP sharded (DCP) checkpoint, read in this one process."""
+    import torch.distributed.checkpoint as dcp
+
+    sd = {"model": {f"drafter.{k}": torch.empty_like(v) for k, v in like.items()}}
+    dcp.load(sd, checkpoint_id=str(ckpt / "pytorch_model_fsdp_0"))
+    return {k.removeprefix("drafter."): v for k, v in sd["model"].items()}
+
+
+@pytest.mark.slow
+def test_fsdp_two_cpu_ranks_match_accumulation_resume_and_export(tmp_path, regen):
+    """FSDP2 on 2 gloo ranks (recipes/accelerate/fsdp_cpu_2proc.yaml): 1 process's step losses with
+    accumulation 2; a sharded checkpoint a relaunched run resumes from; an export of the full weights."""
+    from decode.generate import encode_prompt, generate
+    from decode.target import Target
+    from decode.tree import Shape
+    from drafters.checkpoint import load_drafter
+
+    recipe = write_recipe(tmp_path)
+    # a constant lr, so a 4-step run resumed to 6 steps follows the 6-step run exactly
+    common = {"batch_size": 2, "schedule": "constant", "save_every": 2}
+    one = run(tmp_path / "one", recipe_overrides(regen, tmp_path / "one/run", "eagle1", steps=6, grad_accum=2, **common))
+    fsdp = tmp_path / "fsdp/run"
+
+    def launch(steps: int) -> str:
+        ov = recipe_overrides(regen, fsdp, "eagle1", steps=steps, **common)
+        p = _launch(["--config_file", str(REPO / "recipes/accelerate/fsdp_cpu_2proc.yaml"), "-m", "train",
+                     str(recipe), *ov], {})
+        assert p.returncode == 0, p.stderr[-3000:]
+        assert "2 process(es), FSDP" in p.stdout
+        return p.stdout
+
+    launch(4)
+    shards = tmp_path / "fsdp/run/checkpoints/step_4/pytorch_model_fsdp_0"
+    assert sorted(f.name for f in shards.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]  # one shard a rank
+    assert "resumed from" in launch(6)  # resume=auto: from step_4, steps 5 and 6
+    a, b = _losses(one), _losses(fsdp)
+    assert len(a) == len(b) == 6
+    assert a == pytest.approx(b, rel=1e-4, abs=1e-5)
+    # the export holds the full weights: those of the last sharded checkpoint, bit for bit, and (up to
+    # float reassociation) those of the 1-process run; it loads and drafts exactly as the checkpoint's weights
+    target = Target.load(REPO / "recipes/targets/stories260K")
+    exported = load_drafter(fsdp / "export", target)
+    before = load_drafter(fsdp / "export", target)
+    before.load_state_dict(_fsdp_checkpoint_weights(fsdp / "checkpoints/step_6", exported.state_dict()))
+    ref = load_file(str(one / "export/model.safetensors"))
+    for k, v in exported.state_dict().items():
+        assert torch.equal(v, before.state_dict()[k]), k
+        torch.testing.assert_close(v, ref[k], atol=1e-5, rtol=1e-4)
+    ids = encode_prompt(target, "Once upon a time")
+    outs = [generate(target, m.drafter(name=n), ids, 24, shape=Shape("chain", k=4))
+            for m, n in ((exported, "export"), (before, "checkpoint"))]
+    assert outs[0].tokens == outs[1].tokens
+    assert outs[0].stats.accepted_lengths == outs[1].stats.accepted_lengths
