@@ -52,7 +52,12 @@ def run(recipe) -> int:
     # turn it into MULTI_CPU, and a pre-set backend breaks the Accelerator's state.
     deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
     cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes") or not torch.cuda.is_available()
-    state = PartialState() if deepspeed else PartialState(cpu=cpu)
+    if deepspeed:
+        # without a backend accelerate 1.15 lets DeepSpeed form the ranks on CPU but records none (every
+        # rank then believes it is alone, and DeepSpeed refuses the batch arithmetic); naming gloo records them
+        state = PartialState(backend="gloo") if cpu else PartialState()
+    else:
+        state = PartialState(cpu=cpu)
     dist = Dist(state.process_index, state.num_processes, state.wait_for_everyone)
     torch.manual_seed(recipe.seed)
     if recipe.train.threads:

@@ -329,7 +329,7 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
     save(step)
     export_dir = run_dir / "export"
     # the full weights: every rank joins the gather (FSDP shards, ZeRO-3 partitions); the main process writes
-    state = {k.removeprefix("drafter."): v for k, v in acc.get_state_dict(model).items()}
+    state = {k.removeprefix("drafter."): v for k, v in (acc.get_state_dict(model) or {}).items()}  # None off rank 0 (ZeRO-3)
     if main:
         export_fn(acc.unwrap_model(model).drafter, export_dir, state)
         (run_dir / "final_eval.json").write_text(json.dumps(final, indent=2))
