@@ -47,14 +47,15 @@ def run(recipe) -> int:
 
     if not recipe.drafter.kind:
         raise ValueError("drafter.kind is not set: choose eagle3 | eagle1 | medusa | layerskip (e.g. drafter.kind=eagle3)")
-    # 1. processes first. Plain CPU ranks need cpu=True (accelerate 1.15 forms no CPU ranks without it);
-    # DeepSpeed (also on CPU with DS_ACCELERATOR=cpu) must get a plain PartialState: cpu=True would
-    # turn it into MULTI_CPU, and a pre-set backend breaks the Accelerator's state.
+    # 1. processes first. Plain CPU ranks (DDP, and FSDP: see train/loop.py fsdp_on_cpu) need cpu=True
+    # (accelerate 1.15 forms no CPU ranks without it); DeepSpeed (also on CPU with DS_ACCELERATOR=cpu) must
+    # not get it: cpu=True would turn it into MULTI_CPU.
     deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
     cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes") or not torch.cuda.is_available()
     if deepspeed:
-        # without a backend accelerate 1.15 lets DeepSpeed form the ranks on CPU but records none (every
-        # rank then believes it is alone, and DeepSpeed refuses the batch arithmetic); naming gloo records them
+        # without a backend accelerate 1.15 lets DeepSpeed form the CPU ranks but records none: every rank
+        # believes it is alone, and DeepSpeed refuses the batch sizes ("train_batch_size is not equal to
+        # micro_batch_per_gpu * gradient_acc_step * world_size 2 != 2 * 1 * 2"); naming gloo records them
         state = PartialState(backend="gloo") if cpu else PartialState()
     else:
         state = PartialState(cpu=cpu)

@@ -200,8 +200,8 @@ def evaluate(drafter: nn.Module, loader, featurize, device: torch.device, cfg: T
 
 
 def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, export_fn) -> Path:
-    """Run the recipe's optimisation; returns the export directory. `export_fn(drafter, dir, state)` writes the native format
-    (`state`: the drafter's full state dict, gathered from every rank)."""
+    """Run the recipe's optimisation; returns the export directory. `export_fn(drafter, dir, state)` writes
+    the native format (`state`: the drafter's full state dict, gathered from every rank)."""
     from accelerate.utils import set_seed
     from tqdm.auto import tqdm
 
@@ -328,8 +328,9 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
         _log(acc, log_path, final, step, main)
     save(step)
     export_dir = run_dir / "export"
-    # the full weights: every rank joins the gather (FSDP shards, ZeRO-3 partitions); the main process writes
-    state = {k.removeprefix("drafter."): v for k, v in (acc.get_state_dict(model) or {}).items()}  # None off rank 0 (ZeRO-3)
+    # the full weights: every rank joins the gather (FSDP shards, ZeRO-3 partitions; ZeRO-3 returns None
+    # off the main process); the main process writes
+    state = {k.removeprefix("drafter."): v for k, v in (acc.get_state_dict(model) or {}).items()}
     if main:
         export_fn(acc.unwrap_model(model).drafter, export_dir, state)
         (run_dir / "final_eval.json").write_text(json.dumps(final, indent=2))

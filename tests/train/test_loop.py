@@ -245,6 +245,8 @@ def test_sharded_two_cpu_ranks_match_accumulation_resume_and_export(tmp_path, re
     assert _shard_files(two / "checkpoints/step_4") == shard_files  # one model shard a rank
     assert "resumed from" in launch(6)  # resume=auto: from step_4, steps 5 and 6
     a, b = _losses(one), _losses(two)
+    print(f"\n{'step':>4}  {'1 proc, accum 2':>15}  {backend + ', 2 ranks':>15}  {'abs diff':>8}")  # shown with -s
+    print("\n".join(f"{i:>4}  {x:>15.6f}  {y:>15.6f}  {abs(x - y):>8.1e}" for i, (x, y) in enumerate(zip(a, b), 1)))
     assert len(a) == len(b) == 6
     assert a == pytest.approx(b, rel=1e-4, abs=1e-5)
     # the export holds the full weights: those of the last sharded checkpoint, bit for bit, and (up to
