@@ -113,10 +113,14 @@ def native_meta(module: nn.Module, recipe: dict | None = None, target_id: str | 
 
 
 def save_drafter(module: nn.Module, out_dir: str | os.PathLike, recipe: dict | None = None,
-                 target_id: str | None = None) -> Path:
-    """Write a native checkpoint atomically: build it in a temp dir next to out_dir, then rename into place."""
+                 target_id: str | None = None, state: dict[str, torch.Tensor] | None = None) -> Path:
+    """Write a native checkpoint atomically: build it in a temp dir next to out_dir, then rename into place.
+
+    `state` replaces module.state_dict() when the module's own tensors are not the full weights (a
+    sharded FSDP / ZeRO-3 module: pass the state dict accelerate gathered)."""
     meta = native_meta(module, recipe, target_id)
-    state = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items() if not k.startswith("lora.")}
+    state = module.state_dict() if state is None else state
+    state = {k: v.detach().contiguous().cpu() for k, v in state.items() if not k.startswith("lora.")}
 
     def write(tmp: Path) -> None:
         (tmp / "config.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")

@@ -47,12 +47,18 @@ def run(recipe) -> int:
     if not recipe.drafter.kind:
         raise ValueError("drafter.kind is not set: choose eagle3 | eagle1 | medusa | layerskip (e.g. drafter.kind=eagle3)")
     check_out_dir(recipe.run_dir, "run_dir")  # before the target loads: an unwritable run_dir fails at once
-    # 1. processes first. Plain CPU ranks need cpu=True (accelerate 1.15 forms no CPU ranks without it);
-    # DeepSpeed (also on CPU with DS_ACCELERATOR=cpu) must get a plain PartialState: cpu=True would
-    # turn it into MULTI_CPU, and a pre-set backend breaks the Accelerator's state.
+    # 1. processes first. Plain CPU ranks (DDP, and FSDP: see train/loop.py fsdp_on_cpu) need cpu=True
+    # (accelerate 1.15 forms no CPU ranks without it); DeepSpeed (also on CPU with DS_ACCELERATOR=cpu) must
+    # not get it: cpu=True would turn it into MULTI_CPU.
     deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
     cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes") or not torch.cuda.is_available()
-    state = PartialState() if deepspeed else PartialState(cpu=cpu)
+    if deepspeed:
+        # without a backend accelerate 1.15 lets DeepSpeed form the CPU ranks but records none: every rank
+        # believes it is alone, and DeepSpeed refuses the batch sizes ("train_batch_size is not equal to
+        # micro_batch_per_gpu * gradient_acc_step * world_size 2 != 2 * 1 * 2"); naming gloo records them
+        state = PartialState(backend="gloo") if cpu else PartialState()
+    else:
+        state = PartialState(cpu=cpu)
     dist = Dist(state.process_index, state.num_processes, state.wait_for_everyone)
     torch.manual_seed(recipe.seed)
     if recipe.train.threads:
@@ -66,7 +72,7 @@ def run(recipe) -> int:
     drafter = build_drafter(recipe, target, train_ds).to(state.device)
     recipe_dict = to_dict(recipe)
     train(recipe, drafter, target, train_ds, eval_ds, featurize,
-          export_fn=lambda d, out: save_drafter(d, out, recipe=recipe_dict, target_id=recipe.target))
+          export_fn=lambda d, out, state: save_drafter(d, out, recipe=recipe_dict, target_id=recipe.target, state=state))
     return 0
 
 

@@ -14,6 +14,7 @@ import os
 import pickle
 import shutil
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -67,12 +68,14 @@ class LossModule(nn.Module):
         self.drafter = drafter
 
     def forward(self, batch: dict[str, Any], step: int) -> tuple[torch.Tensor, dict[str, float]]:
-        return self.drafter.loss(batch, step)
+        # through __call__ (drafter.forward = loss): FSDP may shard the drafter as its own unit, and its
+        # all-gather hooks run only when the module is called
+        return self.drafter(batch, step)
 
 
 def make_accelerator(cfg: TrainConfig, run_dir: Path):
     from accelerate import Accelerator
-    from accelerate.utils import DistributedDataParallelKwargs, ProjectConfiguration
+    from accelerate.utils import DistributedDataParallelKwargs, DistributedType, ProjectConfiguration
 
     log_with = None if cfg.report_to == "none" else cfg.report_to
     if cfg.report_to == "wandb":
@@ -80,11 +83,53 @@ def make_accelerator(cfg: TrainConfig, run_dir: Path):
         os.environ.setdefault("WANDB_DIR", str(run_dir))
     # step_scheduler_with_optimizer=False: accelerate would otherwise advance the schedule once per
     # process per step (it assumes the lr was tuned for one process); the schedule is per optimizer step.
-    return Accelerator(gradient_accumulation_steps=cfg.grad_accum, mixed_precision=cfg.mixed_precision,
-                       step_scheduler_with_optimizer=False, log_with=log_with,
-                       # curricula and layer dropout leave some drafter parameters unused in a step
-                       kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)], project_config=ProjectConfiguration(project_dir=str(run_dir),
-                                                                              logging_dir=str(run_dir / "logs")))
+    acc = Accelerator(gradient_accumulation_steps=cfg.grad_accum, mixed_precision=cfg.mixed_precision,
+                      step_scheduler_with_optimizer=False, log_with=log_with,
+                      # curricula and layer dropout leave some drafter parameters unused in a step
+                      kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)],
+                      project_config=ProjectConfiguration(project_dir=str(run_dir), logging_dir=str(run_dir / "logs")))
+    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" and acc.distributed_type == DistributedType.MULTI_CPU:
+        fsdp_on_cpu(acc)
+    return acc
+
+
+def fsdp_on_cpu(acc) -> None:
+    """Turn a MULTI_CPU (gloo) accelerator into an FSDP2 one, before anything is prepared.
+
+    accelerate 1.15 sets FSDP only on GPU-class devices: on CPU ranks AcceleratorState keeps MULTI_CPU
+    and drops the plugin, so an FSDP launch silently trains with DDP. torch's FSDP2 (`fully_shard`) does
+    run on gloo, and accelerate's FSDP code paths (prepare, clip, save/load_state, get_state_dict) have
+    nothing GPU-specific, so the state is switched here, with the plugin the launcher's FSDP_* env describes.
+    """
+    from accelerate import PartialState
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    plugin = FullyShardedDataParallelPlugin()
+    if plugin.fsdp_version != 2:
+        raise ValueError("FSDP on CPU ranks needs fsdp_version: 2 in the accelerate config "
+                         "(see recipes/accelerate/fsdp_cpu_2proc.yaml)")
+    if acc.mixed_precision != "no":
+        plugin.set_mixed_precision(acc.mixed_precision)
+    acc.state.fsdp_plugin = plugin
+    acc.state.distributed_type = DistributedType.FSDP
+    PartialState._shared_state["distributed_type"] = DistributedType.FSDP  # as AcceleratorState itself syncs it
+
+
+@contextmanager
+def full_params(model: nn.Module):
+    """Inside: every FSDP2 unit of `model` holds its full (all-gathered) parameters, so the drafter's
+    methods can run outside the wrapped forward (evaluation). A no-op for unsharded models. Collective:
+    every rank must enter it."""
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for m in units:
+        m.unshard()
+    try:
+        yield
+    finally:
+        for m in units:
+            m.reshard()
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
@@ -124,7 +169,8 @@ def evaluate(drafter: nn.Module, loader, featurize, device: torch.device, cfg: T
 
 
 def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, export_fn) -> Path:
-    """Run the recipe's optimisation; returns the export directory. `export_fn(drafter, dir)` writes the native format."""
+    """Run the recipe's optimisation; returns the export directory. `export_fn(drafter, dir, state)` writes
+    the native format (`state`: the drafter's full state dict, gathered from every rank)."""
     from accelerate.utils import set_seed
     from tqdm.auto import tqdm
 
@@ -234,8 +280,9 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
                 _log(acc, log_path, row, step, main)
                 window, tokens, t0 = [], 0, time.perf_counter()
             if eval_loader is not None and cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
-                _log(acc, log_path, {"step": step, **evaluate(acc.unwrap_model(model).drafter, eval_loader, featurize,
-                                                               acc.device, cfg)}, step, main)
+                with full_params(model):
+                    _log(acc, log_path, {"step": step, **evaluate(acc.unwrap_model(model).drafter, eval_loader,
+                                                                   featurize, acc.device, cfg)}, step, main)
             if cfg.save_every and step % cfg.save_every == 0 and step < cfg.steps:
                 save(step)
             if step >= cfg.steps:
@@ -246,12 +293,16 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
     # 5. final evaluation, checkpoint and native export.
     final = {"step": step}
     if eval_loader is not None:
-        final.update(evaluate(acc.unwrap_model(model).drafter, eval_loader, featurize, acc.device, cfg))
+        with full_params(model):
+            final.update(evaluate(acc.unwrap_model(model).drafter, eval_loader, featurize, acc.device, cfg))
         _log(acc, log_path, final, step, main)
     save(step)
     export_dir = run_dir / "export"
+    # the full weights: every rank joins the gather (FSDP shards, ZeRO-3 partitions; ZeRO-3 returns None
+    # off the main process); the main process writes
+    state = {k.removeprefix("drafter."): v for k, v in (acc.get_state_dict(model) or {}).items()}
     if main:
-        export_fn(acc.unwrap_model(model).drafter, export_dir)
+        export_fn(acc.unwrap_model(model).drafter, export_dir, state)
         (run_dir / "final_eval.json").write_text(json.dumps(final, indent=2))
         print(f"[train] done: {step} steps; drafter exported to {export_dir}")
         if "eval/sim_tau_chain" in final:

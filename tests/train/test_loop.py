@@ -175,8 +175,92 @@ def test_deepspeed_zero2_on_cpu(tmp_path, regen):
     ov = recipe_overrides(regen, tmp_path / "ds/run", "medusa", steps=3, batch_size=2)
     p = _launch(["--config_file", str(REPO / "recipes/accelerate/deepspeed_zero2.yaml"), "--num_processes", "1",
                  "--mixed_precision", "no", "-m", "train", str(recipe), *ov],
-                {"DS_ACCELERATOR": "cpu", "TORCH_EXTENSIONS_DIR": str(Path.home() / ".cache/torch_extensions")})
+                _ds_env())
     assert p.returncode == 0, p.stderr[-3000:]
     assert "DEEPSPEED" in p.stdout
     assert len(_losses(tmp_path / "ds/run")) == 3
     assert (tmp_path / "ds/run/export/model.safetensors").exists()
+
+
+
+def _shard_files(ckpt: Path) -> list[str]:
+    """The per-rank model shard files of a sharded checkpoint (FSDP's DCP directory, or ZeRO-3's partitions)."""
+    return sorted(f.name for f in [*ckpt.glob("pytorch_model_fsdp_0/*.distcp"), *ckpt.glob("pytorch_model/*model_states.pt")])
+
+
+def _sharded_weights(ckpt: Path, like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The drafter's full weights from a sharded checkpoint, read in this one process (our own files:
+    DeepSpeed's reader unpickles them)."""
+    if (ckpt / "pytorch_model_fsdp_0").is_dir():
+        import torch.distributed.checkpoint as dcp
+
+        full = {f"drafter.{k}": torch.empty_like(v) for k, v in like.items()}
+        dcp.load({"model": full}, checkpoint_id=str(ckpt / "pytorch_model_fsdp_0"))
+    else:
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        full = get_fp32_state_dict_from_zero_checkpoint(str(ckpt))
+    return {k.removeprefix("drafter."): v for k, v in full.items()}
+
+
+def _ds_env() -> dict[str, str]:
+    # an already set TORCH_EXTENSIONS_DIR wins: venvs sharing one build cache rebuild each other's ops
+    return {"DS_ACCELERATOR": "cpu",
+            "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache/torch_extensions"))}
+
+
+SHARDED = {  # accelerate launch arguments, distributed type, one model shard file per rank
+    "fsdp": (["--config_file", "recipes/accelerate/fsdp_cpu_2proc.yaml"], "FSDP", ["__0_0.distcp", "__1_0.distcp"]),
+    "zero3": (["--config_file", "recipes/accelerate/deepspeed_zero3.yaml", "--num_processes", "2",
+               "--mixed_precision", "no"], "DEEPSPEED",
+              ["zero_pp_rank_0_mp_rank_00_model_states.pt", "zero_pp_rank_1_mp_rank_00_model_states.pt"]),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", SHARDED)
+def test_sharded_two_cpu_ranks_match_accumulation_resume_and_export(tmp_path, regen, backend):
+    """FSDP2 (recipes/accelerate/fsdp_cpu_2proc.yaml) and DeepSpeed ZeRO-3 on 2 CPU ranks: 1 process's step
+    losses with accumulation 2; a sharded checkpoint a relaunched run resumes from; an export of the full weights."""
+    from decode.generate import encode_prompt, generate
+    from decode.target import Target
+    from decode.tree import Shape
+    from drafters.checkpoint import load_drafter
+
+    args, dist_type, shard_files = SHARDED[backend]
+    recipe = write_recipe(tmp_path)
+    # a constant lr, so a 4-step run resumed to 6 steps follows the 6-step run exactly
+    common = {"batch_size": 2, "schedule": "constant", "save_every": 2}
+    one = run(tmp_path / "one", recipe_overrides(regen, tmp_path / "one/run", "eagle1", steps=6, grad_accum=2, **common))
+    two = tmp_path / "two/run"
+
+    def launch(steps: int) -> str:
+        ov = recipe_overrides(regen, two, "eagle1", steps=steps, **common)
+        p = _launch([*args, "-m", "train", str(recipe), *ov], _ds_env() if backend == "zero3" else {})
+        assert p.returncode == 0, p.stderr[-3000:]
+        assert f"2 process(es), {dist_type}" in p.stdout
+        return p.stdout
+
+    launch(4)
+    assert _shard_files(two / "checkpoints/step_4") == shard_files  # one model shard a rank
+    assert "resumed from" in launch(6)  # resume=auto: from step_4, steps 5 and 6
+    a, b = _losses(one), _losses(two)
+    print(f"\n{'step':>4}  {'1 proc, accum 2':>15}  {backend + ', 2 ranks':>15}  {'abs diff':>8}")  # shown with -s
+    print("\n".join(f"{i:>4}  {x:>15.6f}  {y:>15.6f}  {abs(x - y):>8.1e}" for i, (x, y) in enumerate(zip(a, b), 1)))
+    assert len(a) == len(b) == 6
+    assert a == pytest.approx(b, rel=1e-4, abs=1e-5)
+    # the export holds the full weights: those of the last sharded checkpoint, bit for bit, and (up to
+    # float reassociation) those of the 1-process run; it loads and drafts exactly as the checkpoint's weights
+    target = Target.load(REPO / "recipes/targets/stories260K")
+    exported = load_drafter(two / "export", target)
+    before = load_drafter(two / "export", target)
+    before.load_state_dict(_sharded_weights(two / "checkpoints/step_6", exported.state_dict()))
+    ref = load_file(str(one / "export/model.safetensors"))
+    for k, v in exported.state_dict().items():
+        assert torch.equal(v, before.state_dict()[k]), k
+        torch.testing.assert_close(v, ref[k], atol=1e-5, rtol=1e-4)
+    ids = encode_prompt(target, "Once upon a time")
+    outs = [generate(target, m.drafter(name=n), ids, 24, shape=Shape("chain", k=4))
+            for m, n in ((exported, "export"), (before, "checkpoint"))]
+    assert outs[0].tokens == outs[1].tokens
+    assert outs[0].stats.accepted_lengths == outs[1].stats.accepted_lengths
