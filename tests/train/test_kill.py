@@ -97,11 +97,18 @@ def assert_same_result(ref: Path, tmp: Path) -> None:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> Path:
-    """One uninterrupted `python -m train` (no other command first): regenerates, extracts, trains, exports."""
+    """One uninterrupted run of the same recipe, in this process (saves a subprocess start): regenerates,
+    extracts, trains, exports into its own data home."""
+    from train.__main__ import run
+    from train.config import load_recipe
+
     tmp = tmp_path_factory.mktemp("reference")
-    rc, out = finish("train", tmp)
-    assert rc == 0, out[-3000:]
-    assert "sampling the rest" in out and "tokens in 3 shards" in out and "exported" in out
+    (tmp / "tiny.yaml").write_text(RECIPE)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DRAFTSMITH_DATA", str(tmp / "data"))
+        mp.chdir(tmp)
+        run(load_recipe(tmp / "tiny.yaml", [f"run_dir={tmp / 'run'}"]))
+    assert (tmp / "run/export/model.safetensors").exists()
     return tmp
 
 
@@ -132,6 +139,7 @@ def test_killed_inside_each_write_resumes_to_the_same_result(reference, tmp_path
     assert_same_result(reference, tmp_path)
 
 
+@pytest.mark.slow  # three more subprocesses: ~30 s of CPU, minutes on a busy machine
 def test_killed_from_outside_resumes_to_the_same_result(reference, tmp_path):
     # the cache alone (python -m train.features), killed once the first regenerated shard exists
     rc, out = kill_when("train.features", tmp_path, "data/regen/*/shard_00000.jsonl")
