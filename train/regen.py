@@ -198,8 +198,9 @@ def check_manifest(out: Path, manifest: dict) -> None:
             diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
             if "settings" in diff:  # name the setting, not just the section
                 o, n = old.get("settings", {}), new["settings"]
-                diff[diff.index("settings")] = "settings (" + ", ".join(
-                    f"{k}: {o.get(k)!r} there vs {n.get(k)!r} now" for k in sorted(set(o) | set(n)) if o.get(k) != n.get(k)) + ")"
+                changed = [f"{k}: {o.get(k)!r} there vs {n.get(k)!r} now" for k in sorted(set(o) | set(n))
+                           if o.get(k) != n.get(k)]
+                diff[diff.index("settings")] = f"settings ({', '.join(changed)})"
             raise ValueError(f"{out} holds regenerated data made with different {', '.join(diff)}; delete the "
                              "directory to regenerate, or set data.regenerate.out_dir to a new one (or leave it "
                              "unset: the default directory is keyed by target and settings)")
