@@ -16,6 +16,15 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 torch.set_num_threads(1)  # tiny models: threads only add sync overhead (10x slower on a busy machine)
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def data_home(tmp_path_factory):
+    """Regenerated data and feature caches of every test (and its subprocesses) go to a fresh tmp dir,
+    never to the user's ~/.cache/draftsmith/data."""
+    d = tmp_path_factory.mktemp("data_home")
+    os.environ["DRAFTSMITH_DATA"] = str(d)
+    return d
 STORIES = REPO / "recipes" / "targets" / "stories260K"
 DEV_PROMPTS = REPO / "recipes" / "prompts" / "stories_dev.txt"
 

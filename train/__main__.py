@@ -1,10 +1,16 @@
 """`python -m train RECIPE.yaml [key=value ...]` (also under `accelerate launch -m train ...`).
 
+One command does the whole job; rerun it after any interruption and it continues where it stopped:
 1. load the recipe (typed, dotted overrides, unknown keys rejected) and the frozen target;
-2. fill the feature ids the drafter needs, load the data (offline cache, fingerprint-checked, or
-   online features computed inside the step);
+2. fill the feature ids the drafter needs and prepare the data, building what is missing with the
+   same resumable code as `python -m train.features`: regenerated samples (train/regen.py), then
+   (features.mode=offline) the feature cache (train/features.py). Both live under the data home
+   ($DRAFTSMITH_DATA, default ~/.cache/draftsmith/data) in directories keyed by target + settings, so
+   a rerun — from any folder — reuses them; an explicit out_dir/cache_dir that holds something else is
+   an error naming what differs;
 3. build the drafter (EAGLE-3's draft vocabulary from the training data's token counts);
-4. run the accelerate loop (train/loop.py) and export the native checkpoint to RUN_DIR/export.
+4. run the accelerate loop (train/loop.py; resume=auto continues from the newest checkpoint) and
+   export the native checkpoint to RUN_DIR/export.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from decode.errors import check_out_dir, run_cli
 from drafters.checkpoint import drafter_kinds, save_drafter
 from train.config import load_recipe, to_dict, with_feature_ids
 from train.dataset import training_data
-from train.features import Dist, load_target
+from train.features import Dist, build_cache, load_target, prepare_data
 from train.loop import train
 
 
@@ -64,10 +70,14 @@ def run(recipe) -> int:
     if recipe.train.threads:
         torch.set_num_threads(recipe.train.threads)
     target = load_target(recipe, state.device)
-    # 2. data: offline features are checked against this recipe and target before any training.
+    # 2. data: regenerated samples and (offline) features are built when missing, reused when present
+    # and refused when they were made from something else — all before any training.
     recipe = with_feature_ids(recipe, target.num_layers)
-    train_ds, featurize = training_data(recipe, target, "train", dist, recipe.train.pack_length)
-    eval_ds, _ = training_data(recipe, target, "eval", dist, recipe.train.pack_length)
+    target.check_hidden_ids(recipe.features.hidden_ids)
+    data = prepare_data(recipe, target, dist)
+    cache = build_cache(recipe, target, data, dist) if recipe.features.mode == "offline" else None
+    train_ds, featurize = training_data(recipe, target, "train", dist, recipe.train.pack_length, data, cache)
+    eval_ds, _ = training_data(recipe, target, "eval", dist, recipe.train.pack_length, data, cache)
     # 3. the drafter, then 4. the loop.
     drafter = build_drafter(recipe, target, train_ds).to(state.device)
     recipe_dict = to_dict(recipe)

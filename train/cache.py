@@ -26,6 +26,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from train.identity import digest
+from train.killpoint import kill_point
 
 INDEX = "index.json"
 STORAGE_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -65,6 +66,7 @@ def write_shard(path: Path, seqs: list[dict[str, Tensor]], meta: dict[str, Any],
     meta = {**meta, "tokens": int(offsets[-1])}
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     save_file(tensors, str(tmp), metadata={"draftsmith": json.dumps(meta, sort_keys=True)})
+    kill_point("features.write", path.name)  # test hook: a kill with the shard written but not yet renamed
     os.replace(tmp, path)
     return int(offsets[-1])
 
@@ -73,13 +75,13 @@ def shard_meta(path: Path) -> dict[str, Any]:
     """A shard's metadata (reads only the header); a missing or unreadable file is a CacheError naming it."""
     if not path.exists():
         raise CacheError(f"feature shard {path} listed in {INDEX} is missing; delete {path.parent / INDEX} and rerun "
-                         "`python -m train.features RECIPE.yaml` to extract the missing shards")
+                         "`python -m train RECIPE.yaml` (or `python -m train.features`) to extract the missing shards")
     try:
         with safe_open(str(path), framework="pt") as f:
             return json.loads((f.metadata() or {})["draftsmith"])
     except Exception as e:  # noqa: BLE001 - safetensors raises several kinds for a damaged file
         raise CacheError(f"feature shard {path} is unreadable ({type(e).__name__}: {e}); delete it and rerun "
-                         "`python -m train.features RECIPE.yaml` to rebuild it") from e
+                         "`python -m train RECIPE.yaml` (or `python -m train.features`) to rebuild it") from e
 
 
 def check_existing(cache_dir: Path, fingerprint: dict[str, Any]) -> bool:
@@ -99,7 +101,7 @@ def check_existing(cache_dir: Path, fingerprint: dict[str, Any]) -> bool:
     for p in sorted(cache_dir.glob("shard_*.safetensors")):
         if shard_meta(p)["fingerprint"] != want:
             raise CacheError(f"{p} was extracted with different settings than this recipe asks for; delete "
-                             f"{cache_dir} (or set features.cache_dir elsewhere) and rerun python -m train.features")
+                             f"{cache_dir} (or set features.cache_dir elsewhere) and rerun")
     return False
 
 
@@ -107,8 +109,8 @@ def mismatch(cache_dir: Path, old: dict[str, Any], new: dict[str, Any]) -> Cache
     keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
     detail = "; ".join(f"{k}: cache {old.get(k)!r} vs now {new.get(k)!r}" for k in keys)
     return CacheError(f"feature cache {cache_dir} does not match this recipe/target ({detail[:600]}). Rebuild it: "
-                      f"delete {cache_dir} and run `python -m train.features RECIPE.yaml` (or point "
-                      "features.cache_dir elsewhere)")
+                      f"delete {cache_dir} and rerun `python -m train RECIPE.yaml` (or point features.cache_dir "
+                      "elsewhere, or leave it unset: the default directory is keyed by the fingerprint)")
 
 
 def write_index(cache_dir: Path, fingerprint: dict[str, Any], n_shards: int, extra: dict[str, Any]) -> dict:
@@ -133,12 +135,12 @@ def write_index(cache_dir: Path, fingerprint: dict[str, Any], n_shards: int, ext
 def read_index(cache_dir: Path) -> dict[str, Any]:
     p = Path(cache_dir) / INDEX
     if not p.exists():
-        raise CacheError(f"no feature cache at {cache_dir} ({INDEX} missing): run `python -m train.features "
-                         "RECIPE.yaml` first, or set features.mode=online")
+        raise CacheError(f"no feature cache at {cache_dir} ({INDEX} missing): `python -m train RECIPE.yaml` builds "
+                         "it before training (`python -m train.features RECIPE.yaml` builds only it)")
     try:
         return json.loads(p.read_text())
     except (OSError, json.JSONDecodeError) as e:
-        raise CacheError(f"{p} is unreadable ({e}); delete {cache_dir} and rerun python -m train.features") from e
+        raise CacheError(f"{p} is unreadable ({e}); delete {cache_dir} and rerun python -m train RECIPE.yaml") from e
 
 
 @dataclass
@@ -158,7 +160,7 @@ class FeatureCache:
         for sh in index["shards"]:
             if shard_meta(cache_dir / sh["file"])["fingerprint"] != index["fingerprint_hash"]:
                 raise CacheError(f"{cache_dir / sh['file']} belongs to another extraction than {INDEX}; rebuild "
-                                 f"the cache (delete {cache_dir} and rerun python -m train.features)")
+                                 f"the cache (delete {cache_dir} and rerun python -m train RECIPE.yaml)")
         return cls(cache_dir, index)
 
     def __post_init__(self) -> None:

@@ -1,7 +1,7 @@
 """Typed recipe configs: nested dataclasses filled from a YAML file plus dotted `key=value` overrides.
 
 `load_config(cls, path, overrides)` is generic (any nested dataclass tree); `load_recipe` builds the
-top-level `Recipe` and fills the defaults that depend on the recipe file (name, run_dir, cache dirs).
+top-level `Recipe` and fills the defaults that depend on the recipe file (name, run_dir).
 Errors name the dotted key, the file, and the nearest valid key, so a typo fails before any work:
 
     recipe.yaml: unknown key 'data.max_lenght'; did you mean 'data.max_length'?
@@ -49,7 +49,7 @@ class FeaturesConfig:
     """Which target features the drafter trains on, and whether they are cached or computed in the step."""
 
     mode: Literal["offline", "online"] = "offline"  # offline = read the cache; online = run the target each step
-    cache_dir: str = ""  # default RUN_DIR/features
+    cache_dir: str = ""  # default DATA_HOME/features/<target>-<fingerprint digest> ($DRAFTSMITH_DATA)
     hidden_ids: list[int] = field(default_factory=list)  # hidden-state ids to keep (0 = embeddings .. L = final norm)
     dtype: Literal["fp32", "bf16", "fp16"] = "bf16"  # storage dtype of hidden states and top-k probs
     topk: int = 0  # store the target's k most likely next tokens + probs per position (0 = don't)
@@ -116,7 +116,7 @@ class Recipe:
     """One YAML recipe: what to train on which frozen target, and where the run lives."""
 
     target: str  # model directory or hub id of the frozen target (required)
-    run_dir: str = ""  # where logs, caches, checkpoints and export/ go; default runs/<recipe file stem>
+    run_dir: str = ""  # where logs, checkpoints and export/ go; default runs/<recipe file stem>
     name: str = ""  # run name for logs; default the recipe file stem
     seed: int = 0  # seeds regeneration, the held-out split, shuffling and training
     data: DataConfig = field(default_factory=DataConfig)  # sources, tokenization, regeneration
@@ -131,10 +131,9 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> Recipe:
     r = load_config(Recipe, path, list(overrides))
     name = r.name or path.stem
     run_dir = r.run_dir or str(Path("runs") / path.stem)
-    regen = dataclasses.replace(r.data.regenerate, out_dir=r.data.regenerate.out_dir or str(Path(run_dir) / "regen"))
-    data = dataclasses.replace(r.data, regenerate=regen)
-    feats = dataclasses.replace(r.features, cache_dir=r.features.cache_dir or str(Path(run_dir) / "features"))
-    return dataclasses.replace(r, name=name, run_dir=run_dir, data=data, features=feats)
+    # data.regenerate.out_dir and features.cache_dir stay "" unless set: their default directories are
+    # keyed by the target and settings under the data home, known once the target is loaded (train/identity.py).
+    return dataclasses.replace(r, name=name, run_dir=run_dir)
 
 
 def with_feature_ids(recipe: Recipe, num_layers: int) -> Recipe:

@@ -46,7 +46,7 @@ class RegenConfig:
     """Regeneration (self-distillation): the target writes the responses the drafter learns from."""
 
     enabled: bool = False  # replace/add every assistant turn with the target's own sample
-    out_dir: str = ""  # jsonl shards go here (resumable); default RUN_DIR/regen
+    out_dir: str = ""  # jsonl shards go here (resumable); default DATA_HOME/regen/<target>-<settings digest>
     num_samples: int = 0  # with no data.source: this many sequences sampled from the start token alone
     samples_per_prompt: int = 1  # samples per source record (a 20-line story prompt file wants more)
     max_new_tokens: int = 512  # per generated turn

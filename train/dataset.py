@@ -28,7 +28,7 @@ from decode.target import Target
 from train.batch import collate
 from train.cache import FeatureCache
 from train.config import Recipe
-from train.features import Dist, OnlineFeatures, fingerprint, prepare_data
+from train.features import Dist, OnlineFeatures, PreparedData, feature_cache_dir, fingerprint, prepare_data
 
 
 class TokenDataset(Dataset):
@@ -117,23 +117,30 @@ def make_loader(ds: Dataset, batch_size: int, seed: int, shuffle: bool = True, d
 
 
 def training_data(recipe: Recipe, target: Target, split: str = "train", dist: Dist | None = None,
-                  pack_length: int = 0) -> tuple[Dataset, Callable[[dict[str, Any]], dict[str, Any]]]:
+                  pack_length: int = 0, data: PreparedData | None = None,
+                  cache: FeatureCache | None = None) -> tuple[Dataset, Callable[[dict[str, Any]], dict[str, Any]]]:
     """(dataset of per-sequence items, featurize) for the recipe's features.mode.
 
-    offline: the cache must exist and match the fingerprint recomputed from this recipe and target
-    (a mismatch is an error that says how to rebuild); featurize is the identity.
+    offline: `cache`, or the cache found where build_cache would put it, checked against the fingerprint
+    recomputed from this recipe and target (missing or mismatched: an error that says how to rebuild);
+    featurize is the identity.
     online: the token sequences; featurize runs the frozen target (OnlineFeatures) on each batch.
-    Call it with the target as loaded (before any peft wrapping): the fingerprint hashes its weights.
+    `data` (prepare_data's result) saves preparing it again. Call it with the target as loaded (before
+    any peft wrapping): the fingerprint hashes its weights.
     """
     dist = dist or Dist()
     fc = recipe.features
     if fc.mode == "offline":
-        FeatureCache.open(fc.cache_dir)  # a clear "run train.features first" before any data work
-        data = prepare_data(recipe, target, dist, log=lambda s: None)
-        ds: Dataset = CachedFeatures(FeatureCache.open(fc.cache_dir, fingerprint(recipe, target, data)), split)
+        if fc.cache_dir and cache is None:
+            FeatureCache.open(fc.cache_dir)  # a clear "no cache here" before any data work
+        data = data or prepare_data(recipe, target, dist, log=lambda s: None)
+        if cache is None:
+            fp = fingerprint(recipe, target, data)
+            cache = FeatureCache.open(feature_cache_dir(recipe, target, fp), fp)
+        ds: Dataset = CachedFeatures(cache, split)
         featurize: Callable[[dict[str, Any]], dict[str, Any]] = lambda batch: batch  # noqa: E731
     else:
-        data = prepare_data(recipe, target, dist, log=lambda s: None)
+        data = data or prepare_data(recipe, target, dist, log=lambda s: None)
         ds = TokenDataset(data.train if split == "train" else data.eval)
         featurize = OnlineFeatures(target, fc.hidden_ids, fc.topk)
     return (Packed(ds, pack_length, recipe.seed) if pack_length else ds), featurize

@@ -1,7 +1,9 @@
 """Frozen-target features: what the drafter losses read, computed once to disk (offline) or in the step (online).
 
-`python -m train.features RECIPE.yaml [key=value ...]` builds the cache a recipe asks for (also under
-`accelerate launch`: each process takes every world_size-th shard; rank 0 merges the index):
+`python -m train.features RECIPE.yaml [key=value ...]` builds the cache a recipe asks for, and nothing else
+(`python -m train RECIPE.yaml` runs the same `build_cache` itself before training). Also under
+`accelerate launch`: each process takes every world_size-th shard; rank 0 merges the index. The cache
+lives in features.cache_dir, default DATA_HOME/features/<target>-<fingerprint digest> (train/identity.py):
   1. load the target; 2. prepare the data (sources -> regeneration -> tokens + loss masks -> split);
   3. fingerprint (target config + weights + tokenizer, hidden ids, dtype, top-k, max length, the token
      data itself); an existing cache must match it — a mismatch is an error, never a silent reuse;
@@ -53,8 +55,8 @@ from train.batch import collate
 from train.cache import CacheError, FeatureCache, check_existing, shard_name, write_index, write_shard
 from train.config import FeaturesConfig, Recipe, dump_config, load_recipe, with_feature_ids
 from train.data import load_records
-from train.identity import digest, target_identity
-from train.regen import regenerate
+from train.identity import digest, keyed_dir, target_identity
+from train.regen import drop_strays, regenerate, write_text_atomically
 from train.tokens import TokenStats, end_token_ids, split_held_out, tokenize_dataset
 
 
@@ -204,34 +206,47 @@ def extract_shard(target: Target, rows: datasets.Dataset, fc: FeaturesConfig) ->
     return out
 
 
+def feature_cache_dir(recipe: Recipe, target: Target, fp: dict[str, Any]) -> Path:
+    """features.cache_dir when set, else DATA_HOME/features/<target>-<digest of the fingerprint>."""
+    return Path(recipe.features.cache_dir) if recipe.features.cache_dir else keyed_dir("features", target, fp)
+
+
 def extract(recipe: Recipe, target: Target | None = None, dist: Dist | None = None, device: str | torch.device = "cpu",
             log: Callable[[str], None] = print) -> dict[str, Any]:
     """Build (or finish, or confirm) the feature cache of `recipe`; returns its index."""
     dist = dist or Dist()
     target = target or load_target(recipe, device)
     recipe = with_feature_ids(recipe, target.num_layers)  # empty hidden_ids: what the recipe's drafter needs
+    target.check_hidden_ids(recipe.features.hidden_ids)
+    return build_cache(recipe, target, prepare_data(recipe, target, dist, log), dist, log).index
+
+
+def build_cache(recipe: Recipe, target: Target, data: PreparedData, dist: Dist | None = None,
+                log: Callable[[str], None] = print) -> FeatureCache:
+    """The feature cache of `recipe` over `data` (hidden_ids already filled): reused when complete, finished
+    when a killed run left some shards, an error when the directory holds features of something else."""
+    dist = dist or Dist()
     fc = recipe.features
-    target.check_hidden_ids(fc.hidden_ids)
-    data = prepare_data(recipe, target, dist, log)
     seqs = datasets.concatenate_datasets([data.train, data.eval])
     fp = fingerprint(recipe, target, data)
-    cache_dir = Path(fc.cache_dir)
+    cache_dir = feature_cache_dir(recipe, target, fp)
     # 1. refuse a cache built from something else (rank 0 first, then everyone reads the verdict).
     finished_before: set[str] = set()
     if dist.rank == 0:
         cache_dir.mkdir(parents=True, exist_ok=True)
-        for stray in cache_dir.glob(".shard_*.tmp"):  # half-written by a killed run: never readable, drop it
-            stray.unlink()
+        drop_strays(cache_dir, "features")  # half-written by a killed run: never readable
         check_existing(cache_dir, fp)
         finished_before = {p.name for p in cache_dir.glob("shard_*.safetensors")}
         dump_config(recipe, cache_dir / "recipe.yaml")  # the resolved recipe, for humans
     dist.barrier()
     if check_existing(cache_dir, fp):
         if dist.rank == 0:
-            log(f"[features] {cache_dir} is up to date ({len(seqs)} sequences); nothing to do")
-        return FeatureCache.open(cache_dir, fp).index
+            log(f"[features] {cache_dir} is up to date ({len(seqs)} sequences): reusing it; nothing to extract")
+        return FeatureCache.open(cache_dir, fp)
     # 2. this rank's missing shards.
     n_shards = math.ceil(len(seqs) / fc.shard_size)
+    if dist.rank == 0 and finished_before:
+        log(f"[features] {cache_dir}: {len(finished_before)}/{n_shards} shards done, extracting the rest")
     mine = [s for s in range(n_shards) if s % dist.world == dist.rank and not (cache_dir / shard_name(s)).exists()]
     t0 = time.perf_counter()
     total = sum(min(len(seqs), (s + 1) * fc.shard_size) - s * fc.shard_size for s in mine)
@@ -254,14 +269,14 @@ def extract(recipe: Recipe, target: Target | None = None, dist: Dist | None = No
         stats = {"processes": dist.world, "extract_s": elapsed, "tokens_extracted": new_tokens,
                  "tokens_per_s": new_tokens / max(elapsed, 1e-9), "bytes_per_token": index["bytes_per_token"],
                  "tokens": index["tokens"], "bytes": index["bytes"]}
-        (cache_dir / "extract_stats.json").write_text(json.dumps(stats, indent=1))
+        write_text_atomically(cache_dir / "extract_stats.json", json.dumps(stats, indent=1))
         log(f"[features] {len(seqs)} sequences ({len(data.train)} train / {len(data.eval)} eval), {index['tokens']} "
             f"tokens in {n_shards} shards at {cache_dir}")
         log(f"[features] extracted {new_tokens} tokens in {elapsed:.2f} s = {stats['tokens_per_s']:.0f} tok/s on "
             f"{dist.world} process(es); {index['bytes_per_token']:.1f} bytes/token ({fc.dtype}, ids {fp['hidden_ids']}, "
             f"topk {fc.topk}), {index['bytes'] / 1e6:.2f} MB")
     dist.barrier()
-    return FeatureCache.open(cache_dir, fp).index
+    return FeatureCache.open(cache_dir, fp)
 
 
 # --- command line -------------------------------------------------------------------------------

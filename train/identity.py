@@ -1,4 +1,5 @@
-"""Identities for fingerprints: which target (config + weights), which tokenizer, which data.
+"""Identities for fingerprints: which target (config + weights), which tokenizer, which data — and the
+directories keyed by them under the data home ($DRAFTSMITH_DATA).
 
 A feature cache or a regeneration directory records these; reusing it with a different target,
 tokenizer or data is an error (never a silent reuse), so every digest must be cheap and stable
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -59,3 +62,18 @@ def target_identity(target) -> dict[str, Any]:
     return {"config": config_digest(target.config), "weights": weights_digest(target.model),
             "tokenizer": tokenizer_digest(target.tokenizer), "dtype": str(target.dtype).removeprefix("torch."),
             "num_layers": target.num_layers, "hidden_size": target.hidden_size}
+
+
+def data_home() -> Path:
+    """Where recipes keep the data they produce: $DRAFTSMITH_DATA, default ~/.cache/draftsmith/data.
+
+    Never the working directory, so one recipe run from two folders shares its data.
+    """
+    return Path(os.environ.get("DRAFTSMITH_DATA") or Path.home() / ".cache" / "draftsmith" / "data").expanduser()
+
+
+def keyed_dir(kind: str, target, identity: dict[str, Any]) -> Path:
+    """DATA_HOME/kind/<target name>-<digest of identity>: one directory per target and settings, so two
+    targets (or two settings) never share a path and the same ones always find their earlier work."""
+    name = Path(str(getattr(target, "name_or_path", "") or target.config.model_type).rstrip("/")).name
+    return data_home() / kind / f"{name}-{digest(identity)[:12]}"

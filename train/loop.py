@@ -3,7 +3,9 @@
 A run directory holds the resolved config (config.yaml), metrics (metrics.jsonl), accelerate
 checkpoints (checkpoints/step_N: optimizer, scheduler, RNG and the drafter's weights, written to a
 temporary name and renamed) and the final native export (export/). `resume=auto` continues from
-the newest checkpoint. Launch with `python -m train RECIPE.yaml` or `accelerate launch -m train ...`.
+the newest checkpoint: unfinished `.tmp` checkpoints of a killed run are deleted, and metrics.jsonl is
+cut back to the rows that checkpoint had seen, so a killed-and-resumed run logs what an uninterrupted
+one does. Launch with `python -m train RECIPE.yaml` or `accelerate launch -m train ...`.
 """
 
 from __future__ import annotations
@@ -26,8 +28,10 @@ from decode.errors import UserError, one_line
 from drafters.losses import simulated_chain_tau as simulated_tau
 from train.config import TrainConfig, dump_config
 from train.dataset import make_loader
+from train.killpoint import kill_point
 
 CKPT_PREFIX = "step_"
+RUN_STATE = "draftsmith_state.json"  # in each checkpoint: its step and how much of metrics.jsonl it covers
 
 
 class NonFiniteLoss(RuntimeError):
@@ -219,6 +223,10 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
         step = int(resume_from.name[len(CKPT_PREFIX):]) if resume_from.name.startswith(CKPT_PREFIX) else 0
         if main:
             print(f"[train] resumed from {resume_from} at step {step}")
+    log_path = run_dir / "metrics.jsonl"
+    if main:
+        drop_unfinished_checkpoints(run_dir)
+        rewind_metrics(log_path, resume_from)
 
     def save(at: int) -> None:
         acc.wait_for_everyone()
@@ -229,6 +237,10 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
         acc.save_state(str(tmp))
         acc.wait_for_everyone()
         if main:
+            # how much of metrics.jsonl this checkpoint has seen: a resume from it cuts the file back there
+            size = log_path.stat().st_size if log_path.exists() else 0
+            (tmp / RUN_STATE).write_text(json.dumps({"step": at, "metrics_bytes": size}))
+            kill_point("train.checkpoint", at)  # test hook: a kill with the checkpoint written but not renamed
             if final.exists():
                 shutil.rmtree(final)
             os.replace(tmp, final)
@@ -237,7 +249,6 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
         acc.wait_for_everyone()
 
     # 3. the loop: micro-batches accumulate into optimizer steps.
-    log_path = run_dir / "metrics.jsonl"
     micro_per_epoch = len(loader)
     epoch, skip = divmod(step * cfg.grad_accum, micro_per_epoch)
     bar = tqdm(total=cfg.steps, initial=step, disable=not main, desc="train", dynamic_ncols=True)
@@ -290,13 +301,14 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
         epoch += 1
     bar.close()
 
-    # 5. final evaluation, checkpoint and native export.
+    # 5. final checkpoint, evaluation and native export (the checkpoint first: a rerun after a kill in
+    # the evaluation or export resumes at the last step and redoes only those).
+    save(step)
     final = {"step": step}
     if eval_loader is not None:
         with full_params(model):
             final.update(evaluate(acc.unwrap_model(model).drafter, eval_loader, featurize, acc.device, cfg))
         _log(acc, log_path, final, step, main)
-    save(step)
     export_dir = run_dir / "export"
     # the full weights: every rank joins the gather (FSDP shards, ZeRO-3 partitions; ZeRO-3 returns None
     # off the main process); the main process writes
@@ -311,6 +323,30 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
     acc.wait_for_everyone()
     acc.end_training()
     return export_dir
+
+
+def drop_unfinished_checkpoints(run_dir: Path) -> None:
+    """Delete `step_N.tmp` directories a killed run left mid-write (never loaded: `checkpoints` skips them)."""
+    d = run_dir / "checkpoints"
+    for p in sorted(d.glob(f"{CKPT_PREFIX}*.tmp")) if d.is_dir() else []:
+        shutil.rmtree(p)
+        print(f"[train] removed unfinished checkpoint {p} (left by an interrupted run)")
+
+
+def rewind_metrics(path: Path, resume_from: Path | None) -> None:
+    """Cut metrics.jsonl back to what the resumed checkpoint had seen (a fresh start: empty), so the rows
+    a killed run logged after its last checkpoint — and a torn last line — are not repeated."""
+    if not path.exists():
+        return
+    keep = 0
+    if resume_from is not None:
+        state = resume_from / RUN_STATE
+        if not state.exists() or resume_from.parent != path.parent / "checkpoints":
+            return  # an older checkpoint, or another run's: its count does not describe this file
+        keep = json.loads(state.read_text())["metrics_bytes"]
+    if path.stat().st_size > keep:
+        print(f"[train] {path}: dropping the rows logged after {'the resumed checkpoint' if keep else 'no checkpoint'}")
+        os.truncate(path, keep)
 
 
 def _log(acc, path: Path, row: dict[str, Any], step: int, main: bool) -> None:

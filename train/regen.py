@@ -28,7 +28,8 @@ from tqdm import tqdm
 
 from decode.target import Target
 from train.data import RegenConfig
-from train.identity import digest, target_identity
+from train.identity import digest, keyed_dir, target_identity
+from train.killpoint import kill_point
 from train.tokens import has_template, render, template_kwargs
 
 MANIFEST = "_regen.json"  # "_" prefix: not a data file when the directory is read as a source
@@ -144,11 +145,14 @@ def generate_shard(target: Target, recs: list[dict | None], cfg: RegenConfig, st
 def regenerate(target: Target, records: datasets.Dataset | None, cfg: RegenConfig, seed: int,
                use_template: bool, enable_thinking: bool | None, rank: int = 0, world: int = 1,
                barrier=lambda: None) -> Path:
-    """Write (or finish) the jsonl shards in cfg.out_dir; returns that directory (a data source)."""
+    """Write (or finish) the jsonl shards in cfg.out_dir; returns that directory (a data source).
+
+    With no out_dir the directory is DATA_HOME/regen/<target>-<digest of the manifest> (train/identity.py):
+    the same target and settings always find their shards, other ones never collide with them.
+    """
     if target.tokenizer is None:
         raise ValueError(f"{target.name_or_path}: regeneration needs the target's tokenizer")
     use_template = use_template and has_template(target.tokenizer)
-    out = Path(cfg.out_dir)
     jobs = plan_jobs(records, cfg)
     stop = sorted(set(target.eos_ids) | set(cfg.stop_ids) | ({target.tokenizer.eos_token_id} - {None}))
     # 1. the manifest: refuse a directory made from anything else.
@@ -156,11 +160,15 @@ def regenerate(target: Target, records: datasets.Dataset | None, cfg: RegenConfi
     manifest = {"target": target_identity(target), "settings": settings, "seed": seed, "stop_ids": stop,
                 "use_template": use_template, "enable_thinking": enable_thinking, "jobs": len(jobs),
                 "records": digest(records.to_list()) if records is not None else None}
+    out = Path(cfg.out_dir) if cfg.out_dir else keyed_dir("regen", target, manifest)
+    shards = [(s, jobs[a: a + cfg.shard_size]) for s, a in enumerate(range(0, len(jobs), cfg.shard_size))]
     if rank == 0:
         check_manifest(out, manifest)
+        done = sum(shard_path(out, s).exists() for s, _ in shards)
+        print(f"[regen] {out}: " + (f"reusing all {done} shards ({len(jobs)} sequences)" if done == len(shards) else
+                                     f"{done}/{len(shards)} shards done, sampling the rest"), flush=True)
     barrier()
     # 2. this rank's shards, skipping finished ones.
-    shards = [(s, jobs[a: a + cfg.shard_size]) for s, a in enumerate(range(0, len(jobs), cfg.shard_size))]
     mine = [(s, js) for s, js in shards if s % world == rank and not shard_path(out, s).exists()]
     tpl = template_kwargs(enable_thinking)
     with tqdm(total=sum(len(js) for _, js in mine), desc=f"regenerating [rank {rank}]", unit="seq",
@@ -182,25 +190,50 @@ def shard_path(out: Path, s: int) -> Path:
 
 def check_manifest(out: Path, manifest: dict) -> None:
     path = out / MANIFEST
+    if out.is_dir():
+        drop_strays(out, "regen")
     if path.exists():
-        old = json.loads(path.read_text())
-        if old != json.loads(json.dumps(manifest)):
-            diff = sorted(k for k in set(old) | set(manifest) if old.get(k) != json.loads(json.dumps(manifest)).get(k))
+        old, new = json.loads(path.read_text()), json.loads(json.dumps(manifest))
+        if old != new:
+            diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+            if "settings" in diff:  # name the setting, not just the section
+                o, n = old.get("settings", {}), new["settings"]
+                changed = [f"{k}: {o.get(k)!r} there vs {n.get(k)!r} now" for k in sorted(set(o) | set(n))
+                           if o.get(k) != n.get(k)]
+                diff[diff.index("settings")] = f"settings ({', '.join(changed)})"
             raise ValueError(f"{out} holds regenerated data made with different {', '.join(diff)}; delete the "
-                             "directory to regenerate, or set data.regenerate.out_dir to a new one")
+                             "directory to regenerate, or set data.regenerate.out_dir to a new one (or leave it "
+                             "unset: the default directory is keyed by target and settings)")
         return
     if out.exists() and any(out.glob("shard_*.jsonl")):
         raise ValueError(f"{out} has shards but no {MANIFEST}: delete it or choose another data.regenerate.out_dir")
     out.mkdir(parents=True, exist_ok=True)
-    for stray in out.glob(".*.tmp"):
-        stray.unlink()
-    path.write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    write_text_atomically(path, json.dumps(manifest, indent=1, sort_keys=True))
+
+
+def drop_strays(out: Path, what: str) -> None:
+    """Delete the hidden `.*.tmp` files a killed run left half-written (never read: shards are renamed into place)."""
+    strays = sorted(out.glob(".*.tmp"))
+    for p in strays:
+        p.unlink()
+    if strays:
+        print(f"[{what}] removed {len(strays)} unfinished file(s) left by an interrupted run in {out}: "
+              + ", ".join(p.name for p in strays), flush=True)
+
+
+def write_text_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:
     """Write to a hidden temporary name, then rename: a crash never leaves a readable half-shard."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with open(tmp, "w") as f:
-        for r in rows:
+        for i, r in enumerate(rows):
+            if i == len(rows) // 2:
+                f.flush()
+                kill_point("regen.write", path.name)  # test hook: a kill with half a shard on disk
             f.write(json.dumps(r, ensure_ascii=False) + "\n")
     os.replace(tmp, path)

@@ -39,8 +39,7 @@ def test_defaults_and_path_defaults(tmp_path):
     r = load_recipe(write(tmp_path, "target: some/model\n"))
     assert isinstance(r, Recipe) and r.target == "some/model"
     assert r.name == "my_recipe" and r.run_dir == "runs/my_recipe"
-    assert r.features.cache_dir == "runs/my_recipe/features"
-    assert r.data.regenerate.out_dir == "runs/my_recipe/regen"
+    assert r.features.cache_dir == "" and r.data.regenerate.out_dir == ""  # keyed dirs under the data home
     assert r.drafter.kind == "" and r.train.steps == 1000
 
 
@@ -61,7 +60,7 @@ def test_overrides_nested_lists_and_typed_sections(tmp_path):
     assert r.data.max_length == 128 and r.features.hidden_ids == [2, 3]
     assert r.data.held_out == 0.0 and isinstance(r.data.held_out, float)  # int -> float
     assert r.drafter.kind == "eagle3" and r.drafter.eagle3.ttt_steps == 4
-    assert r.run_dir == "/tmp/x" and r.features.cache_dir == "/tmp/x/features"
+    assert r.run_dir == "/tmp/x" and r.features.cache_dir == ""
     assert r.data.sources == ["a.jsonl"]
 
 

@@ -38,7 +38,7 @@ def work(tmp_path_factory) -> Path:
 
 def make_recipe(work: Path, name: str, *overrides: str):
     return load_recipe(work / "stories_test.yaml", [f"run_dir={work / name}", f"data.regenerate.out_dir={work / 'regen'}",
-                                                    *overrides])
+                                                    f"features.cache_dir={work / name / 'features'}", *overrides])
 
 
 @pytest.fixture(scope="session")
@@ -98,7 +98,8 @@ def r_path(r) -> Path:
 
 
 def overrides_of(r) -> list[str]:
-    return [f"run_dir={r.run_dir}", f"data.regenerate.out_dir={r.data.regenerate.out_dir}"]
+    return [f"run_dir={r.run_dir}", f"data.regenerate.out_dir={r.data.regenerate.out_dir}",
+            f"features.cache_dir={r.features.cache_dir}"]
 
 
 def test_seeded_shuffling_is_deterministic(built):
@@ -126,7 +127,7 @@ def test_killed_extraction_resumes_to_identical_shards(built, work, stories, mon
     monkeypatch.setattr(features, "write_shard", real)
     out2 = Path(r2.features.cache_dir)
     assert sorted(p.name for p in out2.glob("shard_*")) == ["shard_00000.safetensors", "shard_00001.safetensors"]
-    with pytest.raises(CacheError, match="run `python -m train.features"):
+    with pytest.raises(CacheError, match="`python -m train RECIPE.yaml` builds it"):
         FeatureCache.open(out2)  # no index yet: not usable
     index = extract(r2, target=stories)
     assert not list(out2.glob(".*tmp"))

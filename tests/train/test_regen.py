@@ -64,6 +64,29 @@ def test_stories_from_bos_resume_to_identical_shards(stories, tmp_path, monkeypa
         regenerate(stories, None, cfg_b, 1, True, None)
 
 
+def test_default_directory_is_keyed_by_target_and_settings(stories, tmp_path, monkeypatch, capsys):
+    """No out_dir: DATA_HOME/regen/<target>-<digest>, the same from any working directory, reused there;
+    other settings or another target's weights get their own directory (never a collision)."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("DRAFTSMITH_DATA", str(home))
+    cfg = dataclasses.replace(CFG, num_samples=4, max_new_tokens=8)
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    first = regenerate(stories, None, cfg, 0, True, None)
+    assert first.parent == home / "regen" and first.name.startswith("stories260K-")
+    assert "0/1 shards done, sampling the rest" in capsys.readouterr().out
+    monkeypatch.chdir(tmp_path / "b")
+    assert regenerate(stories, None, cfg, 0, True, None) == first
+    assert "reusing all 1 shards (4 sequences)" in capsys.readouterr().out
+    other = regenerate(stories, None, dataclasses.replace(cfg, max_new_tokens=6), 0, True, None)
+    twin = Target.load(REPO / "recipes/targets/stories260K")
+    twin.lm_head.weight.data.add_(0.01)  # another target with the same name
+    other_target = regenerate(twin, None, cfg, 0, True, None)
+    assert len({first, other, other_target}) == 3 and other_target.name.startswith("stories260K-")
+    assert not list(tmp_path.glob("[ab]/*"))  # nothing written to the working directories
+
+
 def test_prompt_file_with_several_samples(stories, tmp_path):
     recs = load_records(DataConfig(source=str(STORY_PROMPTS), max_records=3))
     cfg = dataclasses.replace(CFG, samples_per_prompt=2, num_samples=0, out_dir=str(tmp_path / "p"))
