@@ -237,7 +237,8 @@ def build_cache(recipe: Recipe, target: Target, data: PreparedData, dist: Dist |
         drop_strays(cache_dir, "features")  # half-written by a killed run: never readable
         check_existing(cache_dir, fp)
         finished_before = {p.name for p in cache_dir.glob("shard_*.safetensors")}
-        dump_config(recipe, cache_dir / "recipe.yaml")  # the resolved recipe, for humans
+        if not check_existing(cache_dir, fp):  # a complete cache is reused untouched
+            dump_config(recipe, cache_dir / "recipe.yaml")  # the resolved recipe, for humans
     dist.barrier()
     if check_existing(cache_dir, fp):
         if dist.rank == 0:
