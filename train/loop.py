@@ -234,6 +234,7 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
         tmp = final.with_name(final.name + ".tmp")
         if main and tmp.exists():
             shutil.rmtree(tmp)
+        acc.wait_for_everyone()  # sharded saves (FSDP, ZeRO-3) write from every rank: none before the cleanup
         acc.save_state(str(tmp))
         acc.wait_for_everyone()
         if main:
