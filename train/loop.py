@@ -20,6 +20,9 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from train.simeval import CACHE_NAME as SIM_CACHE
+from train.simeval import load_or_build, prompt_set, sim_eval
+
 CKPT_PREFIX = "step_"
 
 
@@ -41,8 +44,15 @@ class TrainConfig:
     max_grad_norm: float = 0.5  # clip the global gradient norm (0 = off)
     mixed_precision: Literal["no", "bf16"] = "no"  # bf16 autocast for the drafter's forward
     eval_every: int = 100  # evaluate on held-out data every N steps (0 = only at the end)
-    eval_batches: int = 8  # held-out batches per evaluation
-    tree_width: int = 4  # top-w accuracy used for the simulated tree τ
+    eval_batches: int = 8  # held-out batches for the loss, accuracies and teacher-forced τ estimate
+    tree_width: int = 4  # top-w accuracy used for the teacher-forced tree τ estimate
+    sim_prompts: str = ""  # prompt file for the decoding-faithful τ (train/simeval.py); "" = held-out prefixes
+    sim_prompt_len: int = 16  # held-out prefix prompts: tokens kept when only the start token precedes the text
+    sim_eval_prompts: int = 32  # prompts the final eval decodes (0 = no decoding-faithful τ)
+    sim_periodic_prompts: int = 4  # of those, the first N decoded by each periodic eval (kept cheap)
+    sim_max_new_tokens: int = 128  # greedy tokens per prompt (the decoder's default)
+    sim_chain: int = 8  # chain length k of the simulated chain (the decoder's default)
+    sim_tree: str = "dynamic:topk=8,depth=6,nodes=60"  # tree shape of the simulated tree (the benchmarks')
     save_every: int = 200  # checkpoint every N steps (0 = only at the end)
     keep_checkpoints: int = 2  # newest checkpoints kept
     log_every: int = 10  # metrics line every N steps
@@ -73,7 +83,8 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
 def simulated_tau(acceptance: list[float]) -> float:
     """Expected tokens per target pass for a chain whose depth-k token is accepted with prob acceptance[k-1]
     given the earlier ones were: 1 (bonus) + sum_k prod_{j<=k} a_j. Position accuracies measured on the
-    drafter's own unrolled predictions stand in for those conditional rates (an estimate, not a decode)."""
+    drafter's own unrolled predictions stand in for those conditional rates: the teacher-forced estimate
+    (eval/tf_tau_*), on training-distribution data; eval/sim_tau_* decodes instead (train/simeval.py)."""
     tau, run = 1.0, 1.0
     for a in acceptance:
         run *= a
@@ -131,7 +142,7 @@ def to_device(batch: Any, device: torch.device) -> Any:
 
 @torch.no_grad()
 def evaluate(drafter: nn.Module, loader, featurize, device: torch.device, cfg: TrainConfig) -> dict[str, Any]:
-    """Held-out loss, top-1 / top-w accuracy per draft position, and the simulated chain and tree τ."""
+    """Held-out loss, top-1 / top-w accuracy per draft position, and the teacher-forced chain and tree τ estimate."""
     was = drafter.training
     drafter.eval()
     losses, acc1, accw, n = [], None, None, 0
@@ -151,7 +162,14 @@ def evaluate(drafter: nn.Module, loader, featurize, device: torch.device, cfg: T
         return {}
     acc1, accw = [a / n for a in acc1], [a / n for a in accw]
     return {"eval/loss": sum(losses) / n, "eval/acc_by_position": acc1, f"eval/top{cfg.tree_width}_by_position": accw,
-            "eval/sim_tau_chain": simulated_tau(acc1), "eval/sim_tau_tree": simulated_tau(accw)}
+            "eval/tf_tau_chain": simulated_tau(acc1), "eval/tf_tau_tree": simulated_tau(accw)}
+
+
+def evaluate_all(drafter: nn.Module, target, loader, featurize, device: torch.device, cfg: TrainConfig,
+                 sim_items: list, n_prompts: int) -> dict[str, Any]:
+    """`evaluate` plus the decoding-faithful τ on the first n_prompts of the sim-eval set (train/simeval.py)."""
+    out = evaluate(drafter, loader, featurize, device, cfg) if loader is not None else {}
+    return {**out, **sim_eval(drafter, target, sim_items[:n_prompts], cfg)}
 
 
 def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, export_fn) -> Path:
@@ -176,6 +194,10 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
     # 1. data, optimizer, schedule; accelerate shards batches across processes.
     loader = make_loader(train_ds, cfg.batch_size, recipe.seed, shuffle=True, drop_last=True, num_workers=cfg.num_workers)
     eval_loader = make_loader(eval_ds, cfg.batch_size, recipe.seed, shuffle=False) if len(eval_ds) else None
+    # the decoding-faithful eval set: held-out prompts + the target's greedy continuations, cached per run
+    sim_items = load_or_build(run_dir / SIM_CACHE, target, prompt_set(cfg, target, eval_ds), cfg.sim_max_new_tokens,
+                              write=main)
+    evaluates = eval_loader is not None or bool(sim_items)
     if len(loader) == 0:
         raise ValueError(f"{len(train_ds)} training sequences make no full batch of {cfg.batch_size}: "
                          "lower train.batch_size or add data")
@@ -263,9 +285,10 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
                 bar.set_postfix(loss=f"{row['loss']:.4f}", tok_s=f"{row['tokens_per_s']:.0f}")
                 _log(acc, log_path, row, step, main)
                 window, tokens, t0 = [], 0, time.perf_counter()
-            if eval_loader is not None and cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
-                _log(acc, log_path, {"step": step, **evaluate(acc.unwrap_model(model).drafter, eval_loader, featurize,
-                                                               acc.device, cfg)}, step, main)
+            if evaluates and cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
+                _log(acc, log_path, {"step": step, **evaluate_all(acc.unwrap_model(model).drafter, target, eval_loader,
+                                                                   featurize, acc.device, cfg, sim_items,
+                                                                   cfg.sim_periodic_prompts)}, step, main)
             if cfg.save_every and step % cfg.save_every == 0 and step < cfg.steps:
                 save(step)
             if step >= cfg.steps:
@@ -275,8 +298,9 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
 
     # 5. final evaluation, checkpoint and native export.
     final = {"step": step}
-    if eval_loader is not None:
-        final.update(evaluate(acc.unwrap_model(model).drafter, eval_loader, featurize, acc.device, cfg))
+    if evaluates:
+        final.update(evaluate_all(acc.unwrap_model(model).drafter, target, eval_loader, featurize, acc.device, cfg,
+                                  sim_items, len(sim_items)))
         _log(acc, log_path, final, step, main)
     save(step)
     export_dir = run_dir / "export"
@@ -284,9 +308,13 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
         export_fn(acc.unwrap_model(model).drafter, export_dir)
         (run_dir / "final_eval.json").write_text(json.dumps(final, indent=2))
         print(f"[train] done: {step} steps; drafter exported to {export_dir}")
+        if "eval/loss" in final:
+            print(f"[train] held-out: loss {final['eval/loss']:.4f}; teacher-forced tau estimate chain "
+                  f"{final['eval/tf_tau_chain']:.2f}, tree {final['eval/tf_tau_tree']:.2f}")
         if "eval/sim_tau_chain" in final:
-            print(f"[train] held-out: loss {final['eval/loss']:.4f}, simulated tau chain "
-                  f"{final['eval/sim_tau_chain']:.2f}, tree {final['eval/sim_tau_tree']:.2f}")
+            print(f"[train] simulated tau (decoding {final['eval/sim_prompts']} held-out prompts, greedy, "
+                  f"{cfg.sim_max_new_tokens} new tokens): chain k={cfg.sim_chain} {final['eval/sim_tau_chain']:.2f}, "
+                  f"tree {cfg.sim_tree} {final['eval/sim_tau_tree']:.2f}")
     acc.wait_for_everyone()
     acc.end_training()
     return export_dir
