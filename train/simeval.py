@@ -30,7 +30,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -59,13 +59,14 @@ def prefix_prompt(ids: torch.Tensor, loss_mask: torch.Tensor, prompt_len: int) -
     return ids[:cut].tolist() if 1 <= cut < ids.numel() else None
 
 
-def held_out_prompts(ds: Iterable[dict[str, Any]], n: int, prompt_len: int, room: int) -> list[list[int]]:
+def held_out_prompts(ds: Sequence[dict[str, Any]], n: int, prompt_len: int, room: int) -> list[list[int]]:
     """The first n usable prompts of the held-out split (packed rows: their first sequence); a prompt
     longer than `room` tokens is skipped (prompt + continuation must fit the target's positions)."""
     out: list[list[int]] = []
-    for item in ds:
+    for i in range(len(ds)):
         if len(out) >= n:
             break
+        item = ds[i]
         ids, mask = item["input_ids"], item["loss_mask"]
         if "segments" in item:
             first = item["segments"] == 1
