@@ -46,7 +46,7 @@ def main() -> int:
     ap.add_argument("--skip-train", action="store_true")
     ap.add_argument("--out", default="runs/bench_train")
     args = ap.parse_args()
-    rows, sims = [], {}
+    rows, sims, nan = [], {}, float("nan")
     out = Path(args.out)
     for kind in args.kinds:
         recipe = f"recipes/stories260K/{kind}.yaml"
@@ -62,9 +62,9 @@ def main() -> int:
         metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
         tok_s = [m["tokens_per_s"] for m in metrics if "tokens_per_s" in m]
         final = json.loads((run_dir / "final_eval.json").read_text())
-        rows.append((kind, fs, fmem, ts, tmem, sum(tok_s) / max(1, len(tok_s)), final.get("eval/tf_tau_chain"),
-                     final.get("eval/tf_tau_tree"), final.get("eval/sim_s")))
-        sims[kind] = (final.get("eval/sim_tau_chain"), final.get("eval/sim_tau_tree"))
+        rows.append((kind, fs, fmem, ts, tmem, sum(tok_s) / max(1, len(tok_s)), final.get("eval/tf_tau_chain", nan),
+                     final.get("eval/tf_tau_tree", nan), final.get("eval/sim_s", nan)))
+        sims[kind] = (final.get("eval/sim_tau_chain", nan), final.get("eval/sim_tau_tree", nan))
 
     print("\n## training (tiny recipes, bundled target, 1 thread each)")
     print(f"{'recipe':<10} {'features s':>10} {'peak MiB':>9} {'train s':>8} {'peak MiB':>9} {'train tok/s':>12} "
