@@ -168,7 +168,10 @@ def evaluate(drafter: nn.Module, loader, featurize, device: torch.device, cfg: T
 def evaluate_all(drafter: nn.Module, target, loader, featurize, device: torch.device, cfg: TrainConfig,
                  sim_items: list, n_prompts: int) -> dict[str, Any]:
     """`evaluate` plus the decoding-faithful τ on the first n_prompts of the sim-eval set (train/simeval.py)."""
-    out = evaluate(drafter, loader, featurize, device, cfg) if loader is not None else {}
+    out: dict[str, Any] = {}
+    if loader is not None:
+        t0 = time.perf_counter()
+        out = {**evaluate(drafter, loader, featurize, device, cfg), "eval/tf_s": time.perf_counter() - t0}
     return {**out, **sim_eval(drafter, target, sim_items[:n_prompts], cfg)}
 
 
