@@ -4,7 +4,8 @@ For each recipe in recipes/stories260K/{eagle3,eagle1,medusa,layerskip}.yaml: bu
 cache and train it (as subprocesses, timed, peak RSS measured per process), then one evaluation
 on the dev prompts (greedy, 128 new tokens): every trained drafter as a chain (k=8) and a dynamic
 tree, next to early-exit:2 (the exit LayerSkip drafts from) with the same shapes. matches_ar must
-be true on every row.
+be true on every row. Last, each recipe's simulated τ (the training eval's decoding-faithful
+figure, train/simeval.py, on held-out prompts) next to the τ decoded here on the dev prompts.
 
     python scripts/bench_train.py                 # train + evaluate (about 20-30 min on 2 busy cores)
     python scripts/bench_train.py --skip-train    # evaluate the drafters already in runs/
@@ -45,7 +46,7 @@ def main() -> int:
     ap.add_argument("--skip-train", action="store_true")
     ap.add_argument("--out", default="runs/bench_train")
     args = ap.parse_args()
-    rows = []
+    rows, sims, nan = [], {}, float("nan")
     out = Path(args.out)
     for kind in args.kinds:
         recipe = f"recipes/stories260K/{kind}.yaml"
@@ -63,14 +64,16 @@ def main() -> int:
         metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
         tok_s = [m["tokens_per_s"] for m in metrics if "tokens_per_s" in m]
         final = json.loads((run_dir / "final_eval.json").read_text())
-        rows.append((kind, fs, fmem, ts, tmem, sum(tok_s) / max(1, len(tok_s)), final.get("eval/sim_tau_chain"),
-                     final.get("eval/sim_tau_tree")))
+        rows.append((kind, fs, fmem, ts, tmem, sum(tok_s) / max(1, len(tok_s)), final.get("eval/tf_tau_chain", nan),
+                     final.get("eval/tf_tau_tree", nan), final.get("eval/sim_s", nan)))
+        sims[kind] = (final.get("eval/sim_tau_chain", nan), final.get("eval/sim_tau_tree", nan))
 
     print("\n## training (tiny recipes, bundled target, 1 thread each)")
     print(f"{'recipe':<10} {'features s':>10} {'peak MiB':>9} {'train s':>8} {'peak MiB':>9} {'train tok/s':>12} "
-          f"{'sim tau chain':>14} {'sim tau tree':>13}")
+          f"{'tf tau chain':>13} {'tf tau tree':>12} {'sim eval s':>11}")
     for r in rows:
-        print(f"{r[0]:<10} {r[1]:>10.1f} {r[2]:>9.0f} {r[3]:>8.1f} {r[4]:>9.0f} {r[5]:>12.0f} {r[6]:>14.2f} {r[7]:>13.2f}")
+        print(f"{r[0]:<10} {r[1]:>10.1f} {r[2]:>9.0f} {r[3]:>8.1f} {r[4]:>9.0f} {r[5]:>12.0f} {r[6]:>13.2f} {r[7]:>12.2f} "
+              f"{r[8]:>11.1f}")
 
     drafters = ["early-exit:2", f"early-exit:2@{TREE}"]
     for kind in args.kinds:
@@ -82,6 +85,12 @@ def main() -> int:
         cmd += ["--drafter", d]
     print("\n## decoding (dev prompts, greedy, 128 new tokens; chain k=8 and " + TREE + ")", flush=True)
     subprocess.run(cmd, cwd=REPO, check=True, stderr=subprocess.DEVNULL)
+    decoded = {d["spec"]: d["mean_accepted_tokens"] for d in json.loads((REPO / out / "eval/report.json").read_text())["drafters"]}
+    print("\n## simulated tau (end of training: decoding held-out prompts) vs decoded tau (dev prompts)")
+    print(f"{'recipe':<10} {'sim chain':>9} {'dec chain':>9} {'rel diff':>8} {'sim tree':>9} {'dec tree':>9} {'rel diff':>8}")
+    for kind, (sc, st) in sims.items():
+        dc, dt = decoded[f"{args.out}/{kind}/export"], decoded[f"{args.out}/{kind}/export@{TREE}"]
+        print(f"{kind:<10} {sc:>9.2f} {dc:>9.2f} {(sc - dc) / dc:>+8.1%} {st:>9.2f} {dt:>9.2f} {(st - dt) / dt:>+8.1%}")
     return 0
 
 

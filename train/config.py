@@ -85,8 +85,15 @@ class TrainConfig:
     max_grad_norm: float = 0.5  # clip the global gradient norm (0 = off)
     mixed_precision: Literal["no", "bf16"] = "no"  # bf16 autocast for the drafter's forward
     eval_every: int = 100  # evaluate on held-out data every N steps (0 = only at the end)
-    eval_batches: int = 8  # held-out batches per evaluation
-    tree_width: int = 4  # top-w accuracy used for the simulated tree τ
+    eval_batches: int = 8  # held-out batches for the loss, accuracies and teacher-forced τ estimate
+    tree_width: int = 4  # top-w accuracy used for the teacher-forced tree τ estimate
+    sim_prompts: str = ""  # prompt file for the decoding-faithful τ (train/simeval.py); "" = held-out prefixes
+    sim_prompt_len: int = 16  # held-out prefix prompts: tokens kept when only the start token precedes the text
+    sim_eval_prompts: int = 32  # prompts the final eval decodes (0 = no decoding-faithful τ)
+    sim_periodic_prompts: int = 4  # of those, the first N decoded by each periodic eval (kept cheap)
+    sim_max_new_tokens: int = 128  # greedy tokens per prompt (the decoder's default)
+    sim_chain: int = 8  # chain length k of the simulated chain (the decoder's default)
+    sim_tree: str = "dynamic:topk=8,depth=6,nodes=60"  # tree shape of the simulated tree (the benchmarks')
     save_every: int = 200  # checkpoint every N steps (0 = only at the end)
     keep_checkpoints: int = 2  # newest checkpoints kept
     log_every: int = 10  # metrics line every N steps

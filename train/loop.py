@@ -29,6 +29,8 @@ from drafters.losses import simulated_chain_tau as simulated_tau
 from train.config import TrainConfig, dump_config
 from train.dataset import make_loader
 from train.killpoint import kill_point
+from train.simeval import CACHE_NAME as SIM_CACHE
+from train.simeval import load_or_build, prompt_set, sim_eval
 
 CKPT_PREFIX = "step_"
 RUN_STATE = "draftsmith_state.json"  # in each checkpoint: its step and how much of metrics.jsonl it covers
@@ -146,10 +148,7 @@ def to_device(batch: Any, device: torch.device) -> Any:
 
 @torch.no_grad()
 def evaluate(drafter: nn.Module, loader, featurize, device: torch.device, cfg: TrainConfig) -> dict[str, Any]:
-    """Held-out loss, top-1 / top-w accuracy per draft position, and the simulated chain and tree τ.
-
-    τ = 1 + sum_k prod_{j<=k} a_j with the position accuracies (measured on the drafter's own unrolled
-    predictions) standing in for the conditional acceptance rates: an estimate, not a decode."""
+    """Held-out loss, top-1 / top-w accuracy per draft position, and the teacher-forced chain and tree τ estimate."""
     was = drafter.training
     drafter.eval()
     losses, acc1, accw, n = [], None, None, 0
@@ -169,7 +168,17 @@ def evaluate(drafter: nn.Module, loader, featurize, device: torch.device, cfg: T
         return {}
     acc1, accw = [a / n for a in acc1], [a / n for a in accw]
     return {"eval/loss": sum(losses) / n, "eval/acc_by_position": acc1, f"eval/top{cfg.tree_width}_by_position": accw,
-            "eval/sim_tau_chain": simulated_tau(acc1), "eval/sim_tau_tree": simulated_tau(accw)}
+            "eval/tf_tau_chain": simulated_tau(acc1), "eval/tf_tau_tree": simulated_tau(accw)}
+
+
+def evaluate_all(drafter: nn.Module, target, loader, featurize, device: torch.device, cfg: TrainConfig,
+                 sim_items: list, n_prompts: int) -> dict[str, Any]:
+    """`evaluate` plus the decoding-faithful τ on the first n_prompts of the sim-eval set (train/simeval.py)."""
+    out: dict[str, Any] = {}
+    if loader is not None:
+        t0 = time.perf_counter()
+        out = {**evaluate(drafter, loader, featurize, device, cfg), "eval/tf_s": time.perf_counter() - t0}
+    return {**out, **sim_eval(drafter, target, sim_items[:n_prompts], cfg)}
 
 
 def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, export_fn) -> Path:
@@ -192,6 +201,10 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
     # 1. data, optimizer, schedule; accelerate shards batches across processes.
     loader = make_loader(train_ds, cfg.batch_size, recipe.seed, shuffle=True, drop_last=True, num_workers=cfg.num_workers)
     eval_loader = make_loader(eval_ds, cfg.batch_size, recipe.seed, shuffle=False) if len(eval_ds) else None
+    # the decoding-faithful eval set: held-out prompts + the target's greedy continuations, cached per run
+    sim_items = load_or_build(run_dir / SIM_CACHE, target, prompt_set(cfg, target, eval_ds), cfg.sim_max_new_tokens,
+                              write=main)
+    evaluates = eval_loader is not None or bool(sim_items)
     if len(loader) == 0:
         raise ValueError(f"{len(train_ds)} training sequences make no full batch of {cfg.batch_size}: "
                          "lower train.batch_size or add data")
@@ -291,10 +304,12 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
                 bar.set_postfix(loss=f"{row['loss']:.4f}", tok_s=f"{row['tokens_per_s']:.0f}")
                 _log(acc, log_path, row, step, main)
                 window, tokens, t0 = [], 0, time.perf_counter()
-            if eval_loader is not None and cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
+            if evaluates and cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
                 with full_params(model):
-                    _log(acc, log_path, {"step": step, **evaluate(acc.unwrap_model(model).drafter, eval_loader,
-                                                                   featurize, acc.device, cfg)}, step, main)
+                    _log(acc, log_path, {"step": step, **evaluate_all(acc.unwrap_model(model).drafter, target,
+                                                                       eval_loader, featurize, acc.device, cfg,
+                                                                       sim_items, cfg.sim_periodic_prompts)},
+                         step, main)
             if cfg.save_every and step % cfg.save_every == 0 and step < cfg.steps:
                 save(step)
             if step >= cfg.steps:
@@ -306,9 +321,10 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
     # the evaluation or export resumes at the last step and redoes only those).
     save(step)
     final = {"step": step}
-    if eval_loader is not None:
+    if evaluates:
         with full_params(model):
-            final.update(evaluate(acc.unwrap_model(model).drafter, eval_loader, featurize, acc.device, cfg))
+            final.update(evaluate_all(acc.unwrap_model(model).drafter, target, eval_loader, featurize, acc.device,
+                                      cfg, sim_items, len(sim_items)))
         _log(acc, log_path, final, step, main)
     export_dir = run_dir / "export"
     # the full weights: every rank joins the gather (FSDP shards, ZeRO-3 partitions; ZeRO-3 returns None
@@ -318,9 +334,13 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
         export_fn(acc.unwrap_model(model).drafter, export_dir, state)
         (run_dir / "final_eval.json").write_text(json.dumps(final, indent=2))
         print(f"[train] done: {step} steps; drafter exported to {export_dir}")
+        if "eval/loss" in final:
+            print(f"[train] held-out: loss {final['eval/loss']:.4f}; teacher-forced tau estimate chain "
+                  f"{final['eval/tf_tau_chain']:.2f}, tree {final['eval/tf_tau_tree']:.2f}")
         if "eval/sim_tau_chain" in final:
-            print(f"[train] held-out: loss {final['eval/loss']:.4f}, simulated tau chain "
-                  f"{final['eval/sim_tau_chain']:.2f}, tree {final['eval/sim_tau_tree']:.2f}")
+            print(f"[train] simulated tau (decoding {final['eval/sim_prompts']} held-out prompts, greedy, "
+                  f"{cfg.sim_max_new_tokens} new tokens): chain k={cfg.sim_chain} {final['eval/sim_tau_chain']:.2f}, "
+                  f"tree {cfg.sim_tree} {final['eval/sim_tau_tree']:.2f}")
     acc.wait_for_everyone()
     acc.end_training()
     return export_dir

@@ -29,7 +29,8 @@ def recipe_overrides(regen: Path, run_dir: Path, kind: str, steps: int = 6, **tr
            "data.regenerate.stop_ids=[1]", "features.mode=online", "drafter.eagle3.ttt_steps=2",
            "drafter.eagle3.draft_vocab_size=128", f"train.steps={steps}", "train.batch_size=4", "train.lr=3e-3",
            "train.warmup_steps=2", "train.eval_every=0", "train.eval_batches=2", "train.save_every=0",
-           "train.log_every=1", "train.report_to=none", "train.threads=1"]
+           "train.log_every=1", "train.report_to=none", "train.threads=1", "train.sim_eval_prompts=2",
+           "train.sim_prompt_len=8", "train.sim_max_new_tokens=16"]
     return out + [f"train.{k}={v}" for k, v in train.items()]
 
 
@@ -76,7 +77,9 @@ def test_tiny_recipe_trains_exports_and_reloads(tmp_path, regen, kind):
     assert [r["step"] for r in rows if "loss" in r] == list(range(1, 7))
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in rows if "loss" in r)
     final = json.loads((run_dir / "final_eval.json").read_text())
-    assert final["eval/sim_tau_chain"] >= 1.0 and final["eval/sim_tau_tree"] >= final["eval/sim_tau_chain"] - 1e-9
+    assert final["eval/tf_tau_chain"] >= 1.0 and final["eval/tf_tau_tree"] >= final["eval/tf_tau_chain"] - 1e-9
+    assert final["eval/sim_prompts"] == 2 and final["eval/sim_matches_ar"] == 1.0
+    assert 1.0 <= final["eval/sim_tau_chain"] <= 9.0 and 1.0 <= final["eval/sim_tau_tree"] <= 7.0
     export = run_dir / "export"
     assert (export / "config.json").exists() and (export / "model.safetensors").exists()
     assert json.loads((export / "config.json").read_text())["draftsmith_drafter"] == kind
