@@ -6,6 +6,7 @@
     draftsmith generate ...                        = python -m decode.generate ...
     draftsmith features RECIPE.yaml                = python -m train.features ...
     draftsmith doctor DRAFTER_DIR --target MODEL   = python -m drafters.doctor ...
+    draftsmith fetch smollm2-135m-instruct|sharegpt = python -m train.fetch ...
 
 Each subcommand calls its module's `main(argv)` (or runs it as `python -m` would, for a package's
 __main__), so the two spellings can never drift apart.
@@ -17,6 +18,8 @@ import importlib.util
 import runpy
 import sys
 
+from decode.errors import run_cli
+
 COMMANDS = {
     "train": "train",
     "export": "drafters.export",
@@ -24,6 +27,7 @@ COMMANDS = {
     "generate": "decode.generate",
     "features": "train.features",
     "doctor": "drafters.doctor",
+    "fetch": "train.fetch",
 }
 
 
@@ -50,7 +54,7 @@ def run_module(module: str, prog: str, argv: list[str]) -> int:
         if not module.endswith("__main__"):
             mod = importlib.import_module(module)
             if callable(getattr(mod, "main", None)):
-                return int(mod.main(argv) or 0)
+                return int(run_cli(mod.main, argv) or 0)  # user errors: one `error:` line, exit 2
         sys.argv = [prog, *argv]  # what the module's argparse reads, as under `python -m`
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     except SystemExit as e:  # argparse errors and --help, or a module ending with sys.exit(main())

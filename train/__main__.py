@@ -43,6 +43,7 @@ def run(recipe) -> int:
     from train.config import to_dict, with_feature_ids
     from train.dataset import training_data
     from train.features import Dist, load_target
+    from train.fetch import prepare
     from train.loop import train
 
     if not recipe.drafter.kind:
@@ -54,6 +55,8 @@ def run(recipe) -> int:
     cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes") or not torch.cuda.is_available()
     state = PartialState() if deepspeed else PartialState(cpu=cpu)
     dist = Dist(state.process_index, state.num_processes, state.wait_for_everyone)
+    with state.main_process_first():  # a fetchable target or `fetch:` data source is fetched once, on first use
+        recipe = prepare(recipe)
     torch.manual_seed(recipe.seed)
     if recipe.train.threads:
         torch.set_num_threads(recipe.train.threads)

@@ -51,6 +51,7 @@ from tqdm import tqdm
 from decode.target import DTYPES, Target
 from train.cache import CacheError, FeatureCache, check_existing, shard_name, write_index, write_shard
 from train.data import load_records
+from train.fetch import prepare
 from train.identity import digest, target_identity
 from train.regen import regenerate
 from train.tokens import TokenStats, end_token_ids, split_held_out, tokenize_dataset
@@ -318,6 +319,8 @@ def run(recipe: Recipe) -> int:
     cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes") or not torch.cuda.is_available()
     state = PartialState(cpu=cpu)
     dist = Dist(state.process_index, state.num_processes, state.wait_for_everyone)
+    with state.main_process_first():  # a fetchable target or `fetch:` data source is fetched once, on first use
+        recipe = prepare(recipe)
     torch.manual_seed(recipe.seed)
     if recipe.train.threads:  # the recipe's CPU thread count applies to extraction too
         torch.set_num_threads(recipe.train.threads)
