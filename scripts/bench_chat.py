@@ -40,9 +40,9 @@ UNTRAINED = ["early-exit:4", "early-exit:8", "prompt-lookup", "lookahead"]
 PEERS = ["hf-generate", "hf-prompt-lookup"]
 
 
-def row_specs(trained: list[str], tree: str) -> list[str]:
+def row_specs(untrained: list[str], trained: list[str], tree: str) -> list[str]:
     """AR first, then the untrained rows, each trained drafter as a chain and as a tree, then the HF peers."""
-    specs = ["ar", *UNTRAINED]
+    specs = ["ar", *untrained]
     for d in trained:
         specs += [d, f"{d}@{tree}"]
     return specs + PEERS
@@ -118,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--draft-len", type=int, default=8)
     ap.add_argument("--tree", default="dynamic:topk=8,depth=6,nodes=24", help="the trained drafters' tree row")
+    ap.add_argument("--untrained", nargs="*", default=UNTRAINED, metavar="SPEC", help="the untrained rows")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=None, help="write report.json/report.md/plots per suite under this directory")
@@ -134,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     target = Target.load(args.target, dtype=args.dtype)
     cfg = EvalConfig(max_new_tokens=args.max_new_tokens, draft_len=args.draft_len)
-    specs = row_specs(args.drafters, args.tree)
+    specs = row_specs(args.untrained, args.drafters, args.tree)
     runners = [(s, make_run(s, target, cfg)) for s in specs]  # every SPEC resolved before anything runs
     suites = ["mt-bench", "spec-bench"] if args.suite == "both" else [args.suite]
     for suite in suites:
