@@ -59,7 +59,10 @@ def main(argv: list[str] | None = None) -> int:
                 t0 = time.perf_counter()
                 new = sum(len(g) for a in range(0, len(contexts), b)
                           for g in sample(target, contexts[a: a + b], cfg, stop, tok.pad_token_id))
-                results.setdefault((d, b), []).append((new, time.perf_counter() - t0))
+                dt = time.perf_counter() - t0
+                results.setdefault((d, b), []).append((new, dt))
+                print(f"[{d} batch {b}] {new} new tokens in {dt:.1f} s = {new / dt:.1f} tok/s "
+                      f"(load {os.getloadavg()[0]:.1f})", flush=True)
     load1 = os.getloadavg()
     print(f"{len(rows)} ShareGPT opening turns, <= {args.max_new_tokens} new tokens each, temperature "
           f"{args.temperature}, {args.threads} threads, {args.rounds} round(s); load average "
