@@ -6,6 +6,7 @@
     draftsmith generate ...                        = python -m decode.generate ...
     draftsmith features RECIPE.yaml                = python -m train.features ...
     draftsmith doctor DRAFTER_DIR --target MODEL   = python -m drafters.doctor ...
+    draftsmith fetch smollm2-135m-instruct|sharegpt = python -m train.fetch ...
 
 Each subcommand calls its module's `main(argv)` (or runs it as `python -m` would, for a package's
 __main__), so the two spellings can never drift apart.
@@ -26,6 +27,7 @@ COMMANDS = {
     "generate": "decode.generate",
     "features": "train.features",
     "doctor": "drafters.doctor",
+    "fetch": "train.fetch",
 }
 
 

@@ -26,6 +26,7 @@ from drafters.checkpoint import drafter_kinds, save_drafter
 from train.config import load_recipe, to_dict, with_feature_ids
 from train.dataset import training_data
 from train.features import Dist, build_cache, load_target, prepare_data
+from train.fetch import prepare
 from train.loop import train
 
 
@@ -66,6 +67,8 @@ def run(recipe) -> int:
     else:
         state = PartialState(cpu=cpu)
     dist = Dist(state.process_index, state.num_processes, state.wait_for_everyone)
+    with state.main_process_first():  # a fetchable target or `fetch:` data source is fetched once, on first use
+        recipe = prepare(recipe)
     torch.manual_seed(recipe.seed)
     if recipe.train.threads:
         torch.set_num_threads(recipe.train.threads)

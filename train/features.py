@@ -55,6 +55,7 @@ from train.batch import collate
 from train.cache import CacheError, FeatureCache, check_existing, shard_name, write_index, write_shard
 from train.config import FeaturesConfig, Recipe, dump_config, load_recipe, with_feature_ids
 from train.data import load_records
+from train.fetch import prepare
 from train.identity import digest, keyed_dir, target_identity
 from train.regen import drop_strays, regenerate, write_text_atomically
 from train.tokens import TokenStats, end_token_ids, split_held_out, tokenize_dataset
@@ -302,6 +303,8 @@ def run(recipe: Recipe) -> int:
     cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes") or not torch.cuda.is_available()
     state = PartialState(cpu=cpu)
     dist = Dist(state.process_index, state.num_processes, state.wait_for_everyone)
+    with state.main_process_first():  # a fetchable target or `fetch:` data source is fetched once, on first use
+        recipe = prepare(recipe)
     torch.manual_seed(recipe.seed)
     if recipe.train.threads:  # the recipe's CPU thread count applies to extraction too
         torch.set_num_threads(recipe.train.threads)

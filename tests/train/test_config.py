@@ -121,3 +121,27 @@ def test_every_recipe_in_the_repo_loads():
             continue  # accelerate's own config files, not recipes
         r = load_recipe(p)
         assert r.target
+
+
+def test_smollm2_recipes_fit_the_real_target_and_share_their_data():
+    """The four chat recipes: valid for SmolLM2-135M's 30 layers / 49,152 tokens, one shared regen + feature cache."""
+    import json
+
+    from train.config import with_feature_ids
+
+    cfg = json.loads((REPO / "tests/data/smollm2-135m-config.json").read_text())
+    L, V = cfg["num_hidden_layers"], cfg["vocab_size"]
+    recipes = {k: load_recipe(REPO / f"recipes/smollm2-135m/{k}.yaml") for k in ("eagle3", "eagle1", "medusa", "layerskip")}
+    for kind, r in recipes.items():
+        text = (REPO / f"recipes/smollm2-135m/{kind}.yaml").read_text()
+        assert f"python -m train recipes/smollm2-135m/{kind}.yaml" in text and "GPU-sized run" in text
+        assert r.target == "recipes/targets/smollm2-135m-instruct" and r.drafter.kind == kind
+        assert r.data.sources == ["fetch:sharegpt-first-turns"] and r.data.regenerate.enabled
+        assert r.features.mode == "offline"
+        with_feature_ids(r, L)  # the shared hidden ids hold what this drafter needs
+        r.drafter.selected().resolved(L, V)  # capture ids / exits in range for 30 layers
+        # identical data and feature sections: the first recipe run pays for regeneration and extraction
+        assert (r.seed, r.data, r.features) == (recipes["eagle3"].seed, recipes["eagle3"].data, recipes["eagle3"].features)
+    ls = recipes["layerskip"].drafter.layerskip.resolved(L, V)
+    assert (ls.exits, ls.draft_exit) == ((4, 8), 8)
+    assert recipes["eagle3"].drafter.eagle3.draft_vocab_size < V

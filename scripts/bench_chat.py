@@ -1,0 +1,166 @@
+"""The real-chat-model table: MT-bench and Spec-Bench on SmolLM2-135M-Instruct, every row measured in one run.
+
+Rows: our `ar`, the untrained `early-exit:4` / `early-exit:8` (the mission's first-4/8-layer baseline),
+`prompt-lookup`, `lookahead`, each trained drafter given as an argument (chain k=8 and a dynamic
+tree), and HF `generate()` / HF prompt lookup as peers. Columns: τ, tokens/s, speedup vs our AR
+(with its spread), matches_ar, and the projected speedup at a 20 s target pass (a streamed 14B).
+
+Timing is **interleaved** so that a change in the shared machine's load cannot pass for a speedup:
+1. every row gets one untimed warm-up;
+2. conversation by conversation, every row decodes that conversation (all its turns) back to back,
+   the row order rotated by one per conversation so no row always runs first or last;
+3. per conversation, each row's tokens/s is divided by AR's on that same conversation; the table
+   gives the overall ratio and the median [min, max] of these per-conversation ratios (the spread).
+
+    python scripts/bench_chat.py [--target DIR] [--suite mt-bench|spec-bench|both] [--limit N]
+        [--first-turn-only] [--max-new-tokens N] [--dtype float32|bfloat16] [--threads 1]
+        [--tree dynamic:topk=8,depth=6,nodes=24] [--out DIR] [TRAINED_DRAFTER_DIR ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from decode.evaluate import EvalConfig, Runner, make_run, run_spec
+from decode.generate import encode_prompt
+from decode.prompts import Conversation, load_prompts, render_turn
+from decode.report import SpecRun, TurnResult, build_report, total_stats, write_report
+from decode.target import Target
+
+REPO = Path(__file__).resolve().parents[1]
+SUITES = {"mt-bench": REPO / "recipes/data/mt_bench_question.jsonl",
+          "spec-bench": REPO / "recipes/data/spec_bench_question.jsonl"}
+UNTRAINED = ["early-exit:4", "early-exit:8", "prompt-lookup", "lookahead"]
+PEERS = ["hf-generate", "hf-prompt-lookup"]
+
+
+def row_specs(untrained: list[str], trained: list[str], tree: str) -> list[str]:
+    """AR first, then the untrained rows, each trained drafter as a chain and as a tree, then the HF peers."""
+    specs = ["ar", *untrained]
+    for d in trained:
+        specs += [d, f"{d}@{tree}"]
+    return specs + PEERS
+
+
+def interleaved(target: Target, runners: list[tuple[str, Runner]], convs: list[Conversation],
+                cfg: EvalConfig) -> tuple[list[SpecRun], dict[str, list[float]]]:
+    """Every runner on every conversation, conversation by conversation (rotated order); runners[0] is AR.
+
+    Returns the runs (turns in conversation order, as `build_report` expects) and, per runner,
+    its tokens/s on each conversation divided by AR's on the same conversation.
+    """
+    tok = target.tokenizer
+    # 1. one untimed warm-up per runner (lazy init, allocator), as decode.evaluate does.
+    text, special = render_turn(tok, convs[0].turns, [])
+    warm = encode_prompt(target, text, special)
+    for _, r in runners:
+        r.run(warm, min(8, cfg.max_new_tokens), cfg.sampling, cfg.seed)
+    cold = replace(cfg, warmup=False)
+    turns: dict[str, list[TurnResult]] = {spec: [] for spec, _ in runners}
+    ratios: dict[str, list[float]] = {spec: [] for spec, _ in runners}
+    # 2. conversation by conversation, rotating the order of the rows.
+    for c, conv in enumerate(tqdm_convs(convs)):
+        k = c % len(runners)
+        done: dict[str, list[TurnResult]] = {}
+        for spec, r in runners[k:] + runners[:k]:
+            done[spec] = run_spec(r, target, [conv], cold, spec, progress=False).turns
+        ar_rate = total_stats(done["ar"]).tokens_per_s
+        for spec, ts in done.items():
+            turns[spec] += ts
+            ratios[spec].append(total_stats(ts).tokens_per_s / ar_rate if ar_rate else 0.0)
+    runs = [SpecRun(r.name, spec, r.kind, turns[spec]) for spec, r in runners]
+    return runs, ratios
+
+
+def tqdm_convs(convs: list[Conversation]):
+    from tqdm import tqdm
+
+    return tqdm(convs, desc="conversations", unit="conv", file=sys.stderr, dynamic_ncols=True)
+
+
+def print_table(report: dict, ratios: dict[str, list[float]], title: str, file=sys.stdout) -> None:
+    print(title, file=file)
+    print(f"{'row':<52} {'tau':>6} {'tok/s':>7} {'vs AR':>6} {'spread (median [min, max])':>27} {'= AR':>5} "
+          f"{'@20s':>6}", file=file)
+    for d in report["drafters"]:
+        r = ratios[d["spec"]]
+        spread = f"{statistics.median(r):.2f} [{min(r):.2f}, {max(r):.2f}]" if r else "-"
+        same = {True: "yes", False: "NO", None: "-"}[d["matches_ar"]]
+        proj = f"{d['cost_model'][0]['speedup_vs_ar']:.2f}" if d["cost_model"] else "-"  # HF: no drafting split
+        name = d["name"].replace(str(REPO) + "/", "")
+        print(f"{name:<52} {d['mean_accepted_tokens']:>6.3f} {d['tokens_per_s']:>7.1f} {d['speedup_vs_ar']:>6.2f} "
+              f"{spread:>27} {same:>5} {proj:>6}", file=file)
+
+
+def print_categories(report: dict, file=sys.stdout) -> None:
+    """τ per category (Spec-Bench's six tasks; MT-bench's eight)."""
+    cats = list(dict.fromkeys(c for d in report["drafters"] for c in d["per_category"]))
+    print(f"\n{'tau per category':<52} " + " ".join(f"{c[:11]:>11}" for c in cats), file=file)
+    for d in report["drafters"]:
+        name = d["name"].replace(str(REPO) + "/", "")
+        print(f"{name:<52} " + " ".join(f"{d['per_category'][c]['mean_accepted_tokens']:>11.3f}"
+                                         if c in d["per_category"] else f"{'-':>11}" for c in cats), file=file)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("drafters", nargs="*", help="trained drafter directories (native or exported)")
+    ap.add_argument("--target", default=str(REPO / "recipes/targets/smollm2-135m-instruct"))
+    ap.add_argument("--suite", choices=["mt-bench", "spec-bench", "both"], default="both")
+    ap.add_argument("--limit", type=int, default=None, help="only the first N conversations of each suite")
+    ap.add_argument("--first-turn-only", action="store_true", help="MT-bench: decode only the first turn")
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--draft-len", type=int, default=8)
+    ap.add_argument("--tree", default="dynamic:topk=8,depth=6,nodes=24", help="the trained drafters' tree row")
+    ap.add_argument("--untrained", nargs="*", default=UNTRAINED, metavar="SPEC", help="the untrained rows")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", default=None, help="write report.json/report.md/plots per suite under this directory")
+    args = ap.parse_args(argv)
+    if args.limit is not None and args.limit < 1:
+        ap.error("--limit must be >= 1")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # HF assisted generation warns on every drafting call
+    torch.set_num_threads(args.threads)
+    if not Path(args.target).is_dir():
+        print(f"error: target {args.target} not found; run `draftsmith fetch smollm2-135m-instruct` first",
+              file=sys.stderr)
+        return 2
+    target = Target.load(args.target, dtype=args.dtype)
+    cfg = EvalConfig(max_new_tokens=args.max_new_tokens, draft_len=args.draft_len)
+    specs = row_specs(args.untrained, args.drafters, args.tree)
+    runners = [(s, make_run(s, target, cfg)) for s in specs]  # every SPEC resolved before anything runs
+    suites = ["mt-bench", "spec-bench"] if args.suite == "both" else [args.suite]
+    for suite in suites:
+        convs = load_prompts(SUITES[suite], args.limit)
+        if args.first_turn_only:
+            convs = [Conversation(c.id, c.category, c.turns[:1]) for c in convs]
+        runs, ratios = interleaved(target, runners, convs, cfg)
+        settings = {"target": args.target, "prompts": str(SUITES[suite]), "turns": sum(len(c.turns) for c in convs),
+                    "conversations": len(convs), "max_new_tokens": cfg.max_new_tokens, "temperature": 0.0,
+                    "tree": "chain", "draft_len": cfg.draft_len, "policy": cfg.policy, "seed": cfg.seed,
+                    "dtype": args.dtype, "torch_threads": args.threads, "timing": "interleaved by conversation"}
+        report = build_report(runs, settings, [20.0])
+        for d in report["drafters"]:
+            d["speedup_vs_ar_per_conversation"] = ratios[d["spec"]]
+        if args.out:
+            write_report(report, Path(args.out) / suite)
+        turns = "first turns" if args.first_turn_only else "all turns"
+        print_table(report, ratios, f"\n{suite}: {len(convs)} conversations ({report['settings']['turns']} turns, "
+                    f"{turns}), {args.max_new_tokens} new tokens, greedy, {args.dtype}, {args.threads} thread(s); "
+                    f"chain k={args.draft_len} unless @tree; interleaved timing")
+        print_categories(report)
+    print("\nvs AR: total tokens/s over our AR's in the same run; spread: that ratio per conversation. "
+          "@20s: projected speedup vs AR at a 20 s target pass (measured tau and drafting cost).")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
