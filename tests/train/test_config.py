@@ -134,7 +134,7 @@ def test_smollm2_recipes_fit_the_real_target_and_share_their_data():
     recipes = {k: load_recipe(REPO / f"recipes/smollm2-135m/{k}.yaml") for k in ("eagle3", "eagle1", "medusa", "layerskip")}
     for kind, r in recipes.items():
         text = (REPO / f"recipes/smollm2-135m/{kind}.yaml").read_text()
-        assert f"python -m train recipes/smollm2-135m/{kind}.yaml" in text and "GPU-sized run" in text
+        assert f"accelerate launch -m train recipes/smollm2-135m/{kind}.yaml" in text and "GPU-sized run" in text
         assert r.target == "recipes/targets/smollm2-135m-instruct" and r.drafter.kind == kind
         assert r.data.sources == ["fetch:sharegpt-first-turns"] and r.data.regenerate.enabled
         assert r.features.mode == "offline"
