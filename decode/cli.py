@@ -24,6 +24,7 @@ COMMANDS = {
     "generate": "decode.generate",
     "features": "train.features",
     "doctor": "drafters.doctor",
+    "engine-check": "drafters.engine_check",
 }
 
 
