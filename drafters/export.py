@@ -37,6 +37,7 @@ from drafters.layouts import (
     ENGINES,
     FORMATS,
     LAYER_PREFIX,
+    SHARED_EMBEDDING,
     TARGET_EMBED,
     TARGET_HEAD,
     TargetFacts,
@@ -164,7 +165,9 @@ def export(src: str | Path, fmt: str, out: str | Path, target: str | None = None
         raise ValueError(f"--with-embeddings is for the EAGLE-3 layouts (eagle3, speculators), not {fmt}")
     layout, sources = plan(fmt, meta, list(state), facts, speculative_tokens, shared_head_once, engine,
                            with_embeddings)
-    check_export(fmt, layout, planned_shapes(sources, {k: tuple(v.shape) for k, v in state.items()}, facts), facts)
+    extra = frozenset({SHARED_EMBEDDING} if with_embeddings else ())
+    check_export(fmt, layout, planned_shapes(sources, {k: tuple(v.shape) for k, v in state.items()}, facts), facts,
+                 extra)
     if fmt in LAYER_PREFIX:
         state = {**state, "fc.weight": ascending_fc(state["fc.weight"], [int(i) for i in meta["capture_ids"]])}
     head = target_head(local_model_dir(name), config) if TARGET_HEAD in sources.values() else None
@@ -178,7 +181,7 @@ def export(src: str | Path, fmt: str, out: str | Path, target: str | None = None
         t = t.clone() if t is not None else state[source]  # clones: safetensors refuses shared storage
         tensors[key] = (t.to(cast) if t.is_floating_point() else t).contiguous()
     layout["torch_dtype"] = str(cast).removeprefix("torch.")
-    check_export(fmt, layout, {k: tuple(v.shape) for k, v in tensors.items()}, facts)  # what is written
+    check_export(fmt, layout, {k: tuple(v.shape) for k, v in tensors.items()}, facts, extra)  # what is written
 
     # 4. write
     tok_dir = local_model_dir(name)

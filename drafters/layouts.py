@@ -467,10 +467,12 @@ def problems(fmt: str, cfg: dict, shapes: dict[str, tuple[int, ...]], t: TargetF
     return found + key_problems(shapes, expected_shapes(fmt, cfg), "model.safetensors", optional)
 
 
-def check_export(fmt: str, cfg: dict, shapes: dict[str, tuple[int, ...]], t: TargetFacts) -> None:
-    """The exporter's gate: required fields present, exact key set and shapes, no mismatch with the target."""
+def check_export(fmt: str, cfg: dict, shapes: dict[str, tuple[int, ...]], t: TargetFacts,
+                 optional: frozenset[str] = frozenset()) -> None:
+    """The exporter's gate: required fields present, exact key set and shapes, no mismatch with the target
+    (`optional`: keys allowed besides the engine's, e.g. the embedding --with-embeddings adds)."""
     missing = missing_required(fmt, cfg)
     found = [Problem(f"config.json lacks {f}", "exporter bug: the engine needs this field") for f in missing]
-    found += problems(fmt, cfg, shapes, t)
+    found += problems(fmt, cfg, shapes, t, optional)
     if found:
         raise ValueError(f"refusing to write a {fmt} export:\n  " + "\n  ".join(map(str, found)))
