@@ -252,8 +252,8 @@ def engine_check(drafter_dir: str, target: str, prompts_file: str, out: str, k: 
               "identical": all(r["identical"] for r in rows), "ok": all(r.get("ok", False) for r in rows),
               "engine_plain_matches_ours": plain["outputs"] == ours["ar"]["outputs"], "layouts": rows}
     for key in ("engine_drafts", "our_rounds", "engine_acceptance_length", "our_acceptance_length",
-                "engine_tokens_per_s", "our_tokens_per_s"):  # the first layout's figures at the top level too
-        report[key] = rows[0][key]
+                "engine_tokens_per_s", "our_tokens_per_s", "engine_plain_tokens_per_s", "our_ar_tokens_per_s"):  # the first layout's figures at the top level too
+        report[key] = rows[0].get(key)
     (out_dir / "engine_check.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
 
@@ -279,6 +279,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{rep['max_new_tokens']} new tokens (plain vLLM output = ours: "
           f"{'yes' if rep['engine_plain_matches_ours'] else 'no'})")
     print_table(rep["layouts"])
+    if rep.get("engine_plain_tokens_per_s"):
+        print(f"plain decoding: vLLM {rep['engine_plain_tokens_per_s']:.1f} tok/s, "
+              f"ours {rep['our_ar_tokens_per_s']:.1f} tok/s")
     print(f"wrote {Path(args.out) / 'engine_check.json'}: {'OK' if rep['ok'] else 'MISMATCH'}")
     return 0 if rep["ok"] else 1
 
