@@ -175,11 +175,15 @@ def run_worker(py: Path, job: dict, work: Path, timeout: int) -> dict:
 def compare(layout: str, run: dict, plain: dict, ours: dict, k: int) -> dict:
     """One layout's row of engine_check.json."""
     stats = ours["spec"]["stats"]
+    # Our decoder drafts fewer than k tokens when fewer can still be emitted; vLLM always drafts k and counts
+    # what it accepts past max_tokens. So the per-position rates are among rounds that drafted that deep,
+    # and the acceptance length compared is theirs summed (= tau per round had every round drafted k).
+    by_pos = (stats.acceptance_by_depth[:k] + [0.0] * k)[:k]
     our_tau = tau_per_round(sum(stats.accepted_lengths), stats.rounds)
     row = {"layout": layout, "method": METHODS[layout], "our_rounds": stats.rounds, "our_acceptance_length": our_tau,
+           "our_acceptance_length_full_depth": 1.0 + sum(by_pos),
            "our_tokens_per_s": stats.tokens_per_s, "our_ar_tokens_per_s": ours["ar"]["stats"].tokens_per_s,
-           "our_acceptance_by_position": [a / stats.rounds if stats.rounds else 0.0
-                                          for a in stats.accepted_by_depth[:k]] + [0.0] * (k - len(stats.accepted_by_depth[:k])),
+           "our_acceptance_by_position": by_pos,
            "ours_identical": ours["spec"]["outputs"] == ours["ar"]["outputs"]}
     if "error" in run:
         return {**row, "identical": False, "error": run["error"], "engine_drafts": None,
@@ -194,7 +198,7 @@ def compare(layout: str, run: dict, plain: dict, ours: dict, k: int) -> dict:
         "engine_tokens_per_s": run["new_tokens"] / run["seconds"] if run["seconds"] else 0.0,
         "engine_plain_tokens_per_s": plain["new_tokens"] / plain["seconds"] if plain["seconds"] else 0.0,
     })
-    row["acceptance_length_gap"] = abs(row["engine_acceptance_length"] - our_tau)
+    row["acceptance_length_gap"] = abs(row["engine_acceptance_length"] - row["our_acceptance_length_full_depth"])
     row["ok"] = row["identical"] and row["acceptance_length_gap"] <= TOLERANCE
     return row
 
@@ -203,13 +207,14 @@ def print_table(rows: list[dict], file=sys.stdout) -> None:
     def f(x, fmt="{:.3f}"):
         return "-" if x is None else fmt.format(x)
 
-    print(f"{'layout':<12} {'identical':>9} {'drafts':>7} {'rounds':>7} {'vLLM len':>8} {'our tau':>8} "
+    print(f"{'layout':<12} {'identical':>9} {'drafts':>7} {'rounds':>7} {'vLLM len':>8} {'our tau':>8} {'(full k)':>8} "
           f"{'vLLM tok/s':>10} {'our tok/s':>9}  per-position acceptance (vLLM / ours)", file=file)
     for r in rows:
         pos = " ".join(f"{e:.2f}/{o:.2f}" for e, o in zip(r.get("engine_acceptance_by_position") or [],
                                                           r["our_acceptance_by_position"]))
         print(f"{r['layout']:<12} {('yes' if r['identical'] else 'no'):>9} {f(r['engine_drafts'], '{}'):>7} "
               f"{r['our_rounds']:>7} {f(r['engine_acceptance_length']):>8} {r['our_acceptance_length']:>8.3f} "
+              f"{r['our_acceptance_length_full_depth']:>8.3f} "
               f"{f(r['engine_tokens_per_s'], '{:.1f}'):>10} {r['our_tokens_per_s']:>9.1f}  {pos}", file=file)
         if r.get("error"):
             print(f"  {r['layout']}: vLLM refused it: {r['error']}", file=file)
@@ -252,6 +257,7 @@ def engine_check(drafter_dir: str, target: str, prompts_file: str, out: str, k: 
               "identical": all(r["identical"] for r in rows), "ok": all(r.get("ok", False) for r in rows),
               "engine_plain_matches_ours": plain["outputs"] == ours["ar"]["outputs"], "layouts": rows}
     for key in ("engine_drafts", "our_rounds", "engine_acceptance_length", "our_acceptance_length",
+                "our_acceptance_length_full_depth",
                 "engine_tokens_per_s", "our_tokens_per_s", "engine_plain_tokens_per_s", "our_ar_tokens_per_s"):  # the first layout's figures at the top level too
         report[key] = rows[0].get(key)
     (out_dir / "engine_check.json").write_text(json.dumps(report, indent=2) + "\n")
