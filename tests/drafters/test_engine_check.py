@@ -38,6 +38,13 @@ def test_compare_reads_drafts_and_acceptance_like_vllm():
     assert row["identical"] and row["ok"] and row["engine_tokens_per_s"] == 4.0
     worse = compare("speculators", {**run, "accepted_tokens": 5, "outputs": [[5, 7]]}, plain, ours, 3)
     assert not worse["identical"] and not worse["ok"] and worse["acceptance_length_gap"] == 0.25
+    short = GenStats()  # the last round drafts one token (one left to emit); vLLM would still draft three
+    for depth, acc in ((3, 3), (3, 3), (1, 1)):
+        short.record_round(depth, acc, depth)
+    ends = compare("eagle3", {**run, "drafts": 3, "accepted_tokens": 9, "per_pos": [3, 3, 3]}, plain,
+                   {**ours, "spec": {"outputs": [[5, 6]], "stats": short}}, 3)
+    assert ends["our_acceptance_length"] == pytest.approx(1 + 7 / 3) and ends["our_acceptance_length_full_depth"] == 4.0
+    assert ends["acceptance_length_gap"] == 0.0 and ends["ok"]
     refused = compare("eagle3", {"error": "ValueError: no"}, plain, ours, 3)
     assert refused["error"] == "ValueError: no" and refused["identical"] is False
 
