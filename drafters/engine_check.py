@@ -74,7 +74,7 @@ def wheel_requirements(wheel: Path) -> list[str]:
     return out
 
 
-def ensure_side_venv(home: Path | None = None, log=sys.stderr) -> Path:
+def ensure_side_venv(home: Path | None = None, log=None) -> Path:
     """The side venv's python, building the venv first if needed (minutes; output to home/vllm-build.log)."""
     home = home or draftsmith_home()
     py = side_python(home)
@@ -83,11 +83,16 @@ def ensure_side_venv(home: Path | None = None, log=sys.stderr) -> Path:
     venv = py.parent.parent
     home.mkdir(parents=True, exist_ok=True)
     log_path = home / "vllm-build.log"
-    print(f"building the vLLM side venv in {venv} (once; log: {log_path}) ...", file=log)
+    print(f"building the vLLM side venv in {venv} (once; log: {log_path}) ...", file=log or sys.stderr)
     with open(log_path, "a") as out, tempfile.TemporaryDirectory() as tmp:
         def step(cmd: list[str], what: str) -> None:
-            if subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode != 0:
-                raise SideVenvError(f"cannot build the vLLM side venv ({what} failed; see {log_path})")
+            try:
+                ok = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode == 0
+            except OSError as e:
+                print(e, file=out)
+                ok = False
+            if not ok:
+                raise SideVenvError(f"cannot build the vLLM side venv in {venv} ({what} failed; see {log_path})")
 
         step([sys.executable, "-m", "venv", str(venv)], "python -m venv")
         step([str(py), "-m", "pip", "download", "--no-deps", VLLM_PACKAGE, "-d", tmp], f"pip download {VLLM_PACKAGE}")

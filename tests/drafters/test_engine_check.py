@@ -62,6 +62,20 @@ def test_side_venv_leaves_out_the_cuda_extras(tmp_path):
     assert wheel_requirements(wheel) == ["transformers<5.20.0,>=5.16.1"]
 
 
+def test_unbuildable_side_venv_is_one_error_line(tmp_path, monkeypatch, capsys):
+    from drafters import engine_check as ec
+
+    monkeypatch.setenv("DRAFTSMITH_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(ec.sys, "executable", str(tmp_path / "no-python"))
+    (tmp_path / "p.txt").write_text("Once upon a time\n")
+    assert ec.main([str(tmp_path), "--target", str(tmp_path), "--prompts", str(tmp_path / "p.txt"),
+                    "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and err[0].startswith("building the vLLM side venv")
+    assert err[1] == (f"error: cannot build the vLLM side venv in {tmp_path / 'home' / 'vllm-cpu-venv'} "
+                      f"(python -m venv failed; see {tmp_path / 'home' / 'vllm-build.log'})")
+
+
 def train_eagle3(target: Target, capture_ids: tuple[int, ...], draft_vocab: int, steps: int = 80):
     """A few steps of EAGLE-3 on the target's own samples: enough for a drafter that accepts sometimes."""
     from drafters.eagle import Eagle3, Eagle3Config
