@@ -28,6 +28,7 @@ COMMANDS = {
     "features": "train.features",
     "doctor": "drafters.doctor",
     "fetch": "train.fetch",
+    "engine-check": "drafters.engine_check",
 }
 
 

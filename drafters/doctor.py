@@ -25,12 +25,15 @@ from drafters.checkpoint import (
 from drafters.engine_dirs import read_config, weight_files
 from drafters.export import TOKENIZER_FILES, file_shapes, target_config
 from drafters.layouts import (
+    EMBEDDING_NOTE,
     LAYER_PREFIX,
     SHARED_EMBEDDING,
     Problem,
     TargetFacts,
     capture_ids_hf,
     detect_format,
+    eagle3_engine,
+    engine_ids,
     key_problems,
     problems,
     tokenizer_digest,
@@ -112,20 +115,26 @@ def engine_report(path: Path, fmt: str, cfg: dict, facts: TargetFacts, target_to
     rep.problems += [p for p in found if shapes is not None or not p.what.startswith("model.safetensors")]
     if fmt in LAYER_PREFIX:
         ids, explicit = capture_ids_hf(fmt, cfg, facts.layers)
-        engine_ids = [i - 1 for i in ids] if fmt == "eagle3" else ids
-        rep.summary += (f"; capture ids (HF) {ids} = {'SGLang' if fmt == 'eagle3' else 'vLLM'} {engine_ids}"
+        engine = "vLLM" if fmt == "speculators" or eagle3_engine(cfg) == "vllm" else "SGLang"
+        rep.summary += (f"; capture ids (HF) {ids} = {engine} {engine_ids(fmt, cfg, ids)}"
                         f"{'' if explicit else ' (engine default)'}; draft vocab {cfg.get('draft_vocab_size')} "
                         f"of {facts.vocab}")
         if not explicit:
             rep.notes.append(f"the config names no capture ids: engines (and draftsmith) use the default HF ids {ids}; "
                              "if the drafter was trained on other layers, write them into the config")
+        elif fmt == "eagle3" and eagle3_engine(cfg):
+            rep.notes.append(f"written for {eagle3_engine(cfg)} only (explicit capture ids that SGLang and vLLM read "
+                             "differently); the other engine needs its own export (--engine)")
+        if fmt == "speculators" and shapes is not None and SHARED_EMBEDDING not in shapes:
+            rep.notes.append(f"warning: no {SHARED_EMBEDDING}: {EMBEDDING_NOTE}; fix: re-export with "
+                             "--with-embeddings to load it with speculators")
         layer = cfg if fmt == "eagle3" else cfg.get("transformer_layer_config") or {}
         eps = layer.get("rms_norm_eps")
         if eps is not None and float(eps) != facts.eps:
             rep.notes.append(f"rms_norm_eps {eps} differs from the target's {facts.eps} (the drafter keeps its own)")
     if shapes and SHARED_EMBEDDING in shapes:
         rep.notes.append(f"{SHARED_EMBEDDING} is in the file: engines (and draftsmith) use the target's embedding "
-                         "instead; it can be dropped")
+                         "instead (speculators loads it)")
     if any((path / f).is_file() for f in TOKENIZER_FILES):
         try:
             from transformers import AutoTokenizer

@@ -103,6 +103,9 @@ def load_eagle3(path: Path, target: Target):
     layer = cfg if fmt == "eagle3" else cfg["transformer_layer_config"]
     prefix = LAYER_PREFIX[fmt]
     state = {k.replace(prefix, "midlayer.", 1): v for k, v in tensors.items() if k != SHARED_EMBEDDING}
+    if "d2t" not in state and cfg.get("draft_vocab_size") == target.vocab_size:  # full vocabulary: no mapping
+        state.update(d2t=torch.zeros(target.vocab_size, dtype=torch.long),
+                     t2d=torch.ones(target.vocab_size, dtype=torch.bool))
     draft_vocab(state["d2t"], state["t2d"], target.vocab_size, path)
     ids, explicit = capture_ids_hf(fmt, cfg, target.num_layers)
     if not explicit:

@@ -34,11 +34,17 @@ from drafters.checkpoint import (
     write_atomically,
 )
 from drafters.layouts import (
+    EMBEDDING_NOTE,
+    ENGINES,
     FORMATS,
+    LAYER_PREFIX,
+    SHARED_EMBEDDING,
+    TARGET_EMBED,
     TARGET_HEAD,
     TargetFacts,
     check_export,
     check_fits,
+    fc_column_order,
     key_problems,
     plan,
     planned_shapes,
@@ -103,8 +109,13 @@ def target_head(model_dir: Path | None, config) -> torch.Tensor:
     """The target's LM head [V, H] read from its safetensors (the embedding when the head is tied)."""
     tied = bool(getattr(config, "tie_word_embeddings", False))
     names = ["model.embed_tokens.weight", "lm_head.weight"] if tied else ["lm_head.weight"]
+    return target_tensor(model_dir, names, "a Medusa export copies the target's LM head")
+
+
+def target_tensor(model_dir: Path | None, names: list[str], why: str) -> torch.Tensor:
+    """The first of `names` found in the target's safetensors files (one file or an indexed set)."""
     if model_dir is None:
-        raise FileNotFoundError("a Medusa export copies the target's LM head: pass --target MODEL_DIR with its weights")
+        raise FileNotFoundError(f"{why}: pass --target MODEL_DIR with its weights")
     index = model_dir / "model.safetensors.index.json"
     weight_map = json.loads(index.read_text())["weight_map"] if index.is_file() else {}
     for name in names:
@@ -113,13 +124,17 @@ def target_head(model_dir: Path | None, config) -> torch.Tensor:
             with safe_open(str(file), "pt") as f:
                 if name in f.keys():
                     return f.get_tensor(name)
-    raise FileNotFoundError(f"{model_dir}: no {names[0]} in the target's safetensors files "
-                            "(a Medusa export copies the target's LM head)")
+    raise FileNotFoundError(f"{model_dir}: no {names[0]} in the target's safetensors files ({why})")
 
 
 def export(src: str | Path, fmt: str, out: str | Path, target: str | None = None, dtype: str = "keep",
-           speculative_tokens: int = 0, shared_head_once: bool = False) -> Path:
-    """Export a native checkpoint (or RUN_DIR) to `fmt` in `out`; returns the written directory."""
+           speculative_tokens: int = 0, shared_head_once: bool = False, engine: str = "sglang",
+           with_embeddings: bool = False) -> Path:
+    """Export a native checkpoint (or RUN_DIR) to `fmt` in `out`; returns the written directory.
+
+    engine: who reads an `eagle3` export's non-default capture ids (layouts.plan); with_embeddings: EAGLE-3
+    layouts also carry the target's embedding (layouts.EMBEDDING_NOTE).
+    """
     # 1. the checkpoint
     if fmt not in FORMATS:
         raise ValueError(f"--format {fmt!r} not one of {sorted(FORMATS)}")
@@ -153,17 +168,27 @@ def export(src: str | Path, fmt: str, out: str | Path, target: str | None = None
     # 3. plan, gather, check
     facts = TargetFacts.of(config.to_dict(), name)
     state = load_file(str(weights))
-    layout, sources = plan(fmt, meta, list(state), facts, speculative_tokens, shared_head_once)
-    check_export(fmt, layout, planned_shapes(sources, {k: tuple(v.shape) for k, v in state.items()}, facts), facts)
+    if with_embeddings and fmt not in LAYER_PREFIX:
+        raise ValueError(f"--with-embeddings is for the EAGLE-3 layouts (eagle3, speculators), not {fmt}")
+    layout, sources = plan(fmt, meta, list(state), facts, speculative_tokens, shared_head_once, engine,
+                           with_embeddings)
+    extra = frozenset({SHARED_EMBEDDING} if with_embeddings else ())
+    check_export(fmt, layout, planned_shapes(sources, {k: tuple(v.shape) for k, v in state.items()}, facts), facts,
+                 extra)
+    if fmt in LAYER_PREFIX:
+        state = {**state, "fc.weight": ascending_fc(state["fc.weight"], [int(i) for i in meta["capture_ids"]])}
     head = target_head(local_model_dir(name), config) if TARGET_HEAD in sources.values() else None
+    embed = target_tensor(local_model_dir(name), ["model.embed_tokens.weight"], "--with-embeddings copies the "
+                          "target's embedding") if TARGET_EMBED in sources.values() else None
     own = next(v.dtype for v in state.values() if v.is_floating_point())
     cast = DTYPES.get(dtype, own)
     tensors = {}
     for key, source in sources.items():
-        t = head.clone() if source == TARGET_HEAD else state[source]  # clones: safetensors refuses shared storage
+        t = {TARGET_HEAD: head, TARGET_EMBED: embed}.get(source)
+        t = t.clone() if t is not None else state[source]  # clones: safetensors refuses shared storage
         tensors[key] = (t.to(cast) if t.is_floating_point() else t).contiguous()
     layout["torch_dtype"] = str(cast).removeprefix("torch.")
-    check_export(fmt, layout, {k: tuple(v.shape) for k, v in tensors.items()}, facts)  # what is written
+    check_export(fmt, layout, {k: tuple(v.shape) for k, v in tensors.items()}, facts, extra)  # what is written
 
     # 4. write
     tok_dir = local_model_dir(name)
@@ -177,6 +202,15 @@ def export(src: str | Path, fmt: str, out: str | Path, target: str | None = None
 
     with writing(out):
         return write_atomically(out, write)
+
+
+def ascending_fc(fc: torch.Tensor, ids: list[int]) -> torch.Tensor:
+    """fc.weight [H, n*H] with its input blocks reordered to ascending capture ids (the order engines fuse)."""
+    order = fc_column_order(ids)
+    if order is None:
+        return fc
+    blocks = fc.chunk(len(ids), dim=1)
+    return torch.cat([blocks[j] for j in order], dim=1)
 
 
 def copy_native(ckpt: Path, tmp: Path) -> None:
@@ -198,10 +232,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="speculators: proposal length written to the config (default: the training-time-test depth)")
     ap.add_argument("--medusa-shared-head", action="store_true",
                     help="medusa-vllm with the target's head: write it once (vLLM original_lm_head) instead of a copy per head")
+    ap.add_argument("--engine", choices=ENGINES, default="sglang",
+                    help="eagle3 with non-default capture ids: the engine that reads them (SGLang: HF id - 1, "
+                         "vLLM: HF ids); default ids are left out and both engines read them right")
+    ap.add_argument("--with-embeddings", action="store_true",
+                    help="eagle3/speculators: also write the target's embedding (embed_tokens.weight, vocab x hidden: "
+                         "~1.5 GiB bf16 for Qwen3-14B); speculators 0.9.0 needs it to load reliably, engines ignore it")
     args = ap.parse_args(argv)
     try:
         out = export(args.src, args.format, args.out, args.target, args.dtype, args.speculative_tokens,
-                     args.medusa_shared_head)
+                     args.medusa_shared_head, args.engine, args.with_embeddings)
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -211,8 +251,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {args.format} export to {out}: {len(shapes)} tensors, {params / 1e6:.1f}M values")
     ids = (cfg.get("draftsmith") or {}).get("capture_ids_hf")
     if args.format == "eagle3" and ids:
-        print(f"capture ids: HF hidden-state ids {ids} = SGLang eagle_aux_hidden_state_layer_ids "
-              f"{cfg['eagle_config']['eagle_aux_hidden_state_layer_ids']} (SGLang counts layer outputs from 0)")
+        print(f"capture ids: HF hidden-state ids {ids}; {cfg['draftsmith']['note']}")
+        if cfg["draftsmith"].get("engine"):
+            other = "vllm" if args.engine == "sglang" else "sglang"
+            print(f"warning: this directory is for {args.engine}: {other} would capture other layers "
+                  f"(re-export with --engine {other}{' or --format speculators' if other == 'vllm' else ''})",
+                  file=sys.stderr)
+    if args.format in LAYER_PREFIX and not args.with_embeddings:
+        print(f"note: no embed_tokens.weight ({EMBEDDING_NOTE}); add --with-embeddings to load it with speculators")
     if args.format == "medusa-vllm" and cfg.get("draftsmith", {}).get("note"):
         print(f"note: {cfg['draftsmith']['note']}")
     return 0

@@ -4,11 +4,19 @@ Three layouts besides the native one:
 - `eagle3`: SGLang's `LlamaForCausalLMEagle3` (the layout EAGLE-3's own release uses): keys `midlayer.*`,
   `fc`, `norm`, `lm_head`, `d2t`, `t2d`; capture ids in `eagle_config.eagle_aux_hidden_state_layer_ids`
   in SGLang's convention. SGLang captures the *input* of decoder layer i+1 for id i, i.e. the output of
-  layer i: its id is the HF hidden-state id minus one (draftsmith's capture id 2 is SGLang's 1).
+  layer i: its id is the HF hidden-state id minus one (draftsmith's capture id 2 is SGLang's 1). vLLM
+  loads the same layout but reads that field as HF ids, so no explicit ids serve both engines: when the
+  ids are the engines' shared default (2, L//2, L-3) the field is left out (both capture the right
+  layers); otherwise the directory is written for one engine (`engine`, recorded in `draftsmith.engine`).
 - `speculators`: vllm-project/speculators' `Eagle3Speculator`: the same tensors with the layer under
   `layers.0.`, its sizes in `transformer_layer_config`; capture ids top-level in vLLM's convention, which
   is the HF one (vLLM captures the input of layer i for id i).
 - `medusa-vllm`: vLLM's `MedusaModel`: `blocks.{k}.layers.{l}.weight|bias`, `lm_heads.{k}.weight`.
+
+Rules every EAGLE-3 layout follows (measured in vLLM 0.32 on CPU): capture ids ascending (engines
+concatenate captured states in layer order; the exporter permutes fc's column blocks to match), and no
+`d2t`/`t2d` when the draft vocabulary is the whole target vocabulary (vLLM then has no such parameter and
+refuses the file).
 
 Everything here works on plain dicts and shapes, never on weights, so the full-size layouts are
 computed (and tested) without a 600M-parameter drafter in memory: `plan` gives the config and where
@@ -28,11 +36,16 @@ MEDUSA_ARCH = "MedusaModel"
 FORMATS = {"native": ("eagle1", "eagle3", "medusa", "layerskip"), "eagle3": ("eagle3",),
            "speculators": ("eagle3",), "medusa-vllm": ("medusa",)}
 TARGET_HEAD = "<target lm_head>"  # source of a key copied from the target's LM head (not in the drafter)
+TARGET_EMBED = "<target embed_tokens>"  # source of embed_tokens.weight copied from the target (--with-embeddings)
+ENGINES = ("sglang", "vllm")  # who reads an `eagle3` directory's explicit capture ids
+DRAFT_VOCAB_KEYS = ("d2t", "t2d")
 LAYER_KEYS = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
               "self_attn.o_proj.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
               "input_layernorm.weight", "hidden_norm.weight", "post_attention_layernorm.weight")
 LAYER_PREFIX = {"eagle3": "midlayer.", "speculators": "layers.0."}
 SHARED_EMBEDDING = "embed_tokens.weight"  # some published EAGLE-3 dirs carry a copy; engines use the target's
+EMBEDDING_NOTE = ("speculators 0.9.0 leaves embed_tokens uninitialised in about half of the loads of a directory "
+                  "without embed_tokens.weight (vLLM shares the target's either way)")
 
 
 @dataclass(frozen=True)
@@ -126,30 +139,60 @@ def layer_config(meta: dict, t: TargetFacts) -> dict:
             "bos_token_id": t.bos, "eos_token_id": t.eos}
 
 
+def engine_default_ids(layers: int) -> list[int]:
+    """The capture ids SGLang and vLLM both use when a config names none, as HF hidden-state ids."""
+    return [2, layers // 2, layers - 3]
+
+
+def fc_column_order(ids: list[int]) -> list[int] | None:
+    """Where each of fc's H-wide input blocks must come from so that the blocks follow ascending capture
+    ids (engines concatenate captured states in layer order); None when the ids already ascend."""
+    order = sorted(range(len(ids)), key=lambda j: ids[j])
+    return None if order == list(range(len(ids))) else order
+
+
 def plan(fmt: str, meta: dict, native_keys: list[str], t: TargetFacts, speculative_tokens: int = 0,
-         shared_head_once: bool = False) -> tuple[dict, dict[str, str]]:
-    """config.json and {exported key: native key or TARGET_HEAD} of a native drafter (meta = its config.json).
+         shared_head_once: bool = False, engine: str = "sglang",
+         with_embeddings: bool = False) -> tuple[dict, dict[str, str]]:
+    """config.json and {exported key: native key, TARGET_HEAD or TARGET_EMBED} of a native drafter (meta = its
+    config.json). The config lists capture ids ascending: the exporter permutes fc by `fc_column_order`.
 
     speculative_tokens: the speculators proposal length (0 = the drafter's training-time-test depth);
     shared_head_once: Medusa with the target's head: write it once with vLLM's `original_lm_head`
-    instead of one copy per head.
+    instead of one copy per head; engine: who reads an `eagle3` directory's explicit (non-default) capture
+    ids, sglang (HF id - 1) or vllm (HF ids); with_embeddings: EAGLE-3 layouts also carry the target's
+    embedding (EMBEDDING_NOTE; the size of the target's vocabulary x hidden).
     """
+    if engine not in ENGINES:
+        raise ValueError(f"engine {engine!r} not one of {', '.join(ENGINES)}")
     kind = meta["draftsmith_drafter"]
     check_fits(fmt, kind)
     provenance = {"exported_by": "draftsmith", "drafter": kind, "target": t.name_or_path}
     if fmt == "native":
         return dict(meta), {k: k for k in native_keys}
     if fmt in LAYER_PREFIX:
-        ids = [int(i) for i in meta["capture_ids"]]
+        ids = sorted(int(i) for i in meta["capture_ids"])
         prefix = LAYER_PREFIX[fmt]
-        sources = {k.replace("midlayer.", prefix, 1): k for k in native_keys}
+        full_vocab = meta["draft_vocab_size"] == t.vocab  # vLLM has no d2t/t2d parameter then, and refuses them
+        sources = {k.replace("midlayer.", prefix, 1): k for k in native_keys
+                   if not (full_vocab and k in DRAFT_VOCAB_KEYS)}
+        if with_embeddings:
+            sources[SHARED_EMBEDDING] = TARGET_EMBED
         layer = layer_config(meta, t)
         provenance["capture_ids_hf"] = ids
         if fmt == "eagle3":
-            provenance["note"] = "eagle_aux_hidden_state_layer_ids are SGLang's: HF hidden-state ids minus one"
+            eagle = {"use_aux_hidden_state": True}
+            if ids == engine_default_ids(t.layers):
+                provenance["note"] = ("no eagle_aux_hidden_state_layer_ids: the ids are SGLang's and vLLM's shared "
+                                      "default, which both read right")
+            else:  # SGLang reads id i as the output of layer i (HF id - 1), vLLM as HF id i
+                provenance["engine"] = engine
+                provenance["note"] = (f"eagle_aux_hidden_state_layer_ids are {engine}'s "
+                                      f"({'HF ids - 1' if engine == 'sglang' else 'HF ids'}): this directory "
+                                      f"captures the trained layers in {engine} only")
+                eagle["eagle_aux_hidden_state_layer_ids"] = [i - 1 for i in ids] if engine == "sglang" else ids
             config = {"architectures": [EAGLE3_ARCH], **layer, "draft_vocab_size": meta["draft_vocab_size"],
-                      "eagle_config": {"eagle_aux_hidden_state_layer_ids": [i - 1 for i in ids],
-                                       "use_aux_hidden_state": True}, "draftsmith": provenance}
+                      "eagle_config": eagle, "draftsmith": provenance}
             return config, sources
         k = speculative_tokens or meta["config"].get("ttt_steps") or 3
         config = {"architectures": [SPECULATORS_ARCH], "speculators_model_type": "eagle3",
@@ -182,8 +225,9 @@ def plan(fmt: str, meta: dict, native_keys: list[str], t: TargetFacts, speculati
 
 
 def planned_shapes(sources: dict[str, str], native: dict[str, tuple[int, ...]], t: TargetFacts) -> dict[str, tuple[int, ...]]:
-    """Shapes of a planned export: each key's native source, or the target's LM head [V, H]."""
-    return {k: (t.vocab, t.hidden) if s == TARGET_HEAD else tuple(native[s]) for k, s in sources.items()}
+    """Shapes of a planned export: each key's native source, or the target's LM head / embedding [V, H]."""
+    return {k: (t.vocab, t.hidden) if s in (TARGET_HEAD, TARGET_EMBED) else tuple(native[s])
+            for k, s in sources.items()}
 
 
 # --- what an engine builds from a config ------------------------------------------------------------
@@ -206,8 +250,9 @@ def expected_shapes(fmt: str, cfg: dict) -> dict[str, tuple[int, ...]]:
                   "mlp.down_proj.weight": (H, inter), "input_layernorm.weight": (H,), "hidden_norm.weight": (H,),
                   "post_attention_layernorm.weight": (H,)}
         out = {p + k: v for k, v in shapes.items()}
-        out.update({"fc.weight": (H, len(ids or (0, 0, 0)) * H), "norm.weight": (H,), "lm_head.weight": (n, H),
-                    "d2t": (n,), "t2d": (V,)})
+        out.update({"fc.weight": (H, len(ids or (0, 0, 0)) * H), "norm.weight": (H,), "lm_head.weight": (n, H)})
+        if n != V:  # a full draft vocabulary has no mapping (vLLM refuses one)
+            out.update({"d2t": (n,), "t2d": (V,)})
         return out
     if fmt == "medusa-vllm":
         H, V = cfg.get("hidden_size", 0), cfg.get("vocab_size", 0)
@@ -257,7 +302,7 @@ _LAYER_FIELDS = ("model_type", "hidden_size", "intermediate_size", "num_hidden_l
                  "rope_theta", "vocab_size", "tie_word_embeddings")
 # Config fields each exporter must write (dotted = nested); the engines read these to build the model.
 REQUIRED = {
-    "eagle3": ("architectures", *_LAYER_FIELDS, "draft_vocab_size", "eagle_config.eagle_aux_hidden_state_layer_ids"),
+    "eagle3": ("architectures", *_LAYER_FIELDS, "draft_vocab_size", "eagle_config.use_aux_hidden_state"),
     "speculators": ("architectures", "speculators_model_type", "draft_vocab_size", "norm_before_residual",
                     "eagle_aux_hidden_state_layer_ids", "speculators_config.algorithm",
                     "speculators_config.default_proposal_method", "speculators_config.proposal_methods",
@@ -283,17 +328,56 @@ def missing_required(fmt: str, cfg: dict) -> list[str]:
 def capture_ids_hf(fmt: str, cfg: dict, layers: int) -> tuple[list[int], bool]:
     """The capture ids of an EAGLE-3 config as HF hidden-state ids, and whether the config names them.
 
-    Absent ids mean each engine's default, (2, L//2, L-3) as HF ids in both SGLang and vLLM.
+    Absent ids mean each engine's default, (2, L//2, L-3) as HF ids in both SGLang and vLLM. An `eagle3`
+    directory's ids are SGLang's unless draftsmith wrote it for vLLM (`draftsmith.engine`).
     """
     if fmt == "eagle3":
         ids = _get(cfg, "eagle_config.eagle_aux_hidden_state_layer_ids")
         if ids is not None:
-            return [int(i) + 1 for i in ids], True  # SGLang id i captures the output of layer i = HF id i + 1
+            shift = 0 if eagle3_engine(cfg) == "vllm" else 1  # SGLang id i captures the output of layer i = HF i + 1
+            return [int(i) + shift for i in ids], True
     else:
         ids = cfg.get("eagle_aux_hidden_state_layer_ids")
         if ids is not None:
             return [int(i) for i in ids], True
     return [2, layers // 2, layers - 3], False
+
+
+def eagle3_engine(cfg: dict) -> str | None:
+    """The engine an `eagle3` directory with explicit capture ids was written for (None: not recorded)."""
+    return _get(cfg, "draftsmith.engine")
+
+
+def engine_ids(fmt: str, cfg: dict, ids: list[int]) -> list[int]:
+    """HF capture ids as the directory's config writes them."""
+    return [i - 1 for i in ids] if fmt == "eagle3" and eagle3_engine(cfg) != "vllm" else list(ids)
+
+
+def capture_problems(fmt: str, cfg: dict, t: TargetFacts) -> list[Problem]:
+    """Capture ids in range, ascending, and (`eagle3` layout) read alike by SGLang and vLLM."""
+    ids, explicit = capture_ids_hf(fmt, cfg, t.layers)
+    vllm_ids = fmt != "eagle3" or eagle3_engine(cfg) == "vllm"
+    lo, hi, conv = (0, t.layers - 1, "vLLM ids = HF hidden-state ids") if vllm_ids \
+        else (-1, t.layers - 2, "SGLang ids = HF hidden-state ids - 1")
+    shown = engine_ids(fmt, cfg, ids)
+    out = []
+    bad = [s for s, i in zip(shown, ids) if not 0 <= i < t.layers]
+    if bad:
+        out.append(Problem(f"capture ids {bad} out of range {lo}..{hi} for a {t.layers}-layer target ({conv})",
+                           "the ids must name layers of this target: was the drafter trained for a deeper model?"))
+    if explicit and ids != sorted(ids):
+        out.append(Problem(f"capture ids {shown} are not ascending: engines concatenate the captured states in layer "
+                           f"order, so fc reads them permuted (lossless output, silently lower acceptance)",
+                           "re-export with draftsmith export (it writes ascending ids and permutes fc's columns to "
+                           "match); draftsmith's own decoder uses the listed order", blocks_import=False))
+    if fmt == "eagle3" and explicit and eagle3_engine(cfg) is None and not bad:
+        sgl = [i - 1 for i in ids]
+        out.append(Problem(f"eagle_aux_hidden_state_layer_ids {sgl} are read by SGLang as HF hidden-state ids {ids} "
+                           f"but by vLLM as {sgl}: one of the two captures layers below those trained",
+                           "for vLLM export --format speculators (or --format eagle3 --engine vllm); keep this "
+                           "directory for SGLang only; with the default ids (2, L//2, L-3) drop the field and "
+                           "both engines read it right", blocks_import=False))
+    return out
 
 
 def eagle3_problems(fmt: str, cfg: dict, t: TargetFacts) -> list[Problem]:
@@ -344,13 +428,7 @@ def eagle3_problems(fmt: str, cfg: dict, t: TargetFacts) -> list[Problem]:
          "EAGLE-3's draft layer is a SwiGLU (silu) Llama layer")
     need(cfg.get("target_hidden_size") in (None, t.hidden), f"target_hidden_size is {cfg.get('target_hidden_size')}",
          "draftsmith supports drafters as wide as the target (target_hidden_size null)")
-    ids, _ = capture_ids_hf(fmt, cfg, t.layers)
-    lo, hi, conv = (-1, t.layers - 2, "SGLang ids = HF hidden-state ids - 1") if fmt == "eagle3" \
-        else (0, t.layers - 1, "vLLM ids = HF hidden-state ids")
-    shown = [i - 1 for i in ids] if fmt == "eagle3" else ids
-    bad = [s for s, i in zip(shown, ids) if not 0 <= i < t.layers]
-    need(not bad, f"capture ids {bad} out of range {lo}..{hi} for a {t.layers}-layer target ({conv})",
-         "the ids must name layers of this target: was the drafter trained for a deeper model?")
+    out += capture_problems(fmt, cfg, t)
     if fmt == "speculators":
         need(cfg.get("norm_before_residual") is False, f"norm_before_residual is {cfg.get('norm_before_residual')}",
              "draftsmith's draft layer keeps the un-normed state as the residual: norm_before_residual false "
@@ -380,13 +458,21 @@ def problems(fmt: str, cfg: dict, shapes: dict[str, tuple[int, ...]], t: TargetF
              optional: frozenset[str] = frozenset()) -> list[Problem]:
     """Every problem of an engine-layout drafter (config + key shapes) on target t."""
     found = eagle3_problems(fmt, cfg, t) if fmt in LAYER_PREFIX else medusa_problems(cfg, t)
+    if fmt in LAYER_PREFIX and cfg.get("draft_vocab_size") == t.vocab and set(DRAFT_VOCAB_KEYS) & set(shapes):
+        found.append(Problem("d2t/t2d are in the file, but the draft vocabulary is the whole target vocabulary: vLLM "
+                             "refuses them (\"There is no module or parameter named 'draft_id_to_target_id'\")",
+                             "delete d2t and t2d from model.safetensors, or re-export with draftsmith export",
+                             blocks_import=False))
+        shapes = {k: v for k, v in shapes.items() if k not in DRAFT_VOCAB_KEYS}
     return found + key_problems(shapes, expected_shapes(fmt, cfg), "model.safetensors", optional)
 
 
-def check_export(fmt: str, cfg: dict, shapes: dict[str, tuple[int, ...]], t: TargetFacts) -> None:
-    """The exporter's gate: required fields present, exact key set and shapes, no mismatch with the target."""
+def check_export(fmt: str, cfg: dict, shapes: dict[str, tuple[int, ...]], t: TargetFacts,
+                 optional: frozenset[str] = frozenset()) -> None:
+    """The exporter's gate: required fields present, exact key set and shapes, no mismatch with the target
+    (`optional`: keys allowed besides the engine's, e.g. the embedding --with-embeddings adds)."""
     missing = missing_required(fmt, cfg)
     found = [Problem(f"config.json lacks {f}", "exporter bug: the engine needs this field") for f in missing]
-    found += problems(fmt, cfg, shapes, t)
+    found += problems(fmt, cfg, shapes, t, optional)
     if found:
         raise ValueError(f"refusing to write a {fmt} export:\n  " + "\n  ".join(map(str, found)))

@@ -177,3 +177,51 @@ def test_unreadable_input_exits_2(tmp_path, dirs, capsys):
     assert main([str(tmp_path), "--target", str(dirs["target"])]) == 2
     assert "no layout draftsmith knows" in capsys.readouterr().err
     assert main([str(tmp_path / "nowhere"), "--target", str(dirs["target"])]) == 2
+
+
+# --- the three silent engine defects of issue 13, each on a directory crafted to have it ---------------------
+
+def test_full_vocab_with_draft_vocab_keys_is_flagged(dirs, tmp_path, capsys):
+    from drafters.eagle import Eagle3, Eagle3Config
+
+    target = Target.load(dirs["target"])
+    native = save_drafter(Eagle3(target, Eagle3Config(draft_vocab_size=128, ttt_steps=2)), tmp_path / "n",
+                          target_id=str(dirs["target"]))
+    good = export(native, "speculators", tmp_path / "good", target=str(dirs["target"]))
+    assert not diagnose(good, str(dirs["target"])).problems
+    bad = copy(good, tmp_path / "bad")
+    state = load_file(str(bad / "model.safetensors"))
+    save_file({**state, "d2t": torch.zeros(128, dtype=torch.long), "t2d": torch.ones(128, dtype=torch.bool)},
+              str(bad / "model.safetensors"))
+    assert main([str(bad), "--target", str(dirs["target"])]) == 1
+    out = capsys.readouterr().out
+    assert "d2t/t2d are in the file, but the draft vocabulary is the whole target vocabulary: vLLM refuses them" in out
+    assert "fix: delete d2t and t2d" in out and "unexpected key" not in out
+
+
+def test_unsorted_capture_ids_are_flagged(dirs, tmp_path, capsys):
+    bad = copy(dirs["speculators"], tmp_path / "bad")
+    edit_config(bad, lambda c: c.update(eagle_aux_hidden_state_layer_ids=[3, 1, 2]))
+    assert main([str(bad), "--target", str(dirs["target"])]) == 1
+    out = capsys.readouterr().out
+    assert "capture ids [3, 1, 2] are not ascending: engines concatenate the captured states in layer order" in out
+    assert "fix: re-export with draftsmith export" in out
+
+
+def test_sglang_ids_without_engine_are_flagged(dirs, tmp_path, capsys):
+    """An eagle3 directory with explicit ids that no one says are SGLang's: vLLM would read them one layer low."""
+    bad = copy(dirs["eagle3"], tmp_path / "bad")
+    edit_config(bad, lambda c: c.pop("draftsmith"))
+    assert main([str(bad), "--target", str(dirs["target"])]) == 1
+    out = capsys.readouterr().out
+    assert ("eagle_aux_hidden_state_layer_ids [0, 1, 2] are read by SGLang as HF hidden-state ids [1, 2, 3] but by "
+            "vLLM as [0, 1, 2]") in out
+    assert "fix: for vLLM export --format speculators (or --format eagle3 --engine vllm)" in out
+    assert not diagnose(dirs["eagle3"], str(dirs["target"])).problems  # draftsmith's own export says whose ids
+
+
+def test_missing_embedding_is_a_warning_with_its_fix(dirs):
+    rep = diagnose(dirs["speculators"], str(dirs["target"]))
+    assert not rep.problems
+    assert any(n.startswith("warning: no embed_tokens.weight: speculators 0.9.0 leaves embed_tokens uninitialised")
+               and "--with-embeddings" in n for n in rep.notes)

@@ -190,9 +190,9 @@ def test_qwen3_14b_eagle3_golden_layout(fmt):
         "head_dim": 128, "intermediate_size": 17408, "vocab_size": 151936, "max_position_embeddings": 40960,
         "rope_theta": 1e6, "rope_scaling": None, "rms_norm_eps": 1e-6, "tie_word_embeddings": False}
     assert cfg["draft_vocab_size"] == 32000
-    if fmt == "eagle3":
+    if fmt == "eagle3":  # (2, 20, 37) is both engines' default: no ids, which SGLang and vLLM both read right
         assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
-        assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 19, 36]  # HF (2, 20, 37) - 1
+        assert cfg["eagle_config"] == {"use_aux_hidden_state": True} and "engine" not in cfg["draftsmith"]
     else:
         assert cfg["architectures"] == ["Eagle3Speculator"] and cfg["eagle_aux_hidden_state_layer_ids"] == [2, 20, 37]
         assert cfg["speculators_config"]["verifier"] == {"name_or_path": "Qwen/Qwen3-14B",
@@ -252,8 +252,10 @@ def test_cli_reports_the_capture_id_offset(tmp_path, target_dir, capsys):
     assert draftsmith(["export", str(run_dir(tmp_path, m, target_dir)), "--format", "eagle3",
                        "--out", str(tmp_path / "e")]) == 0
     ids = list(m.config.capture_ids)
-    assert f"HF hidden-state ids {ids} = SGLang eagle_aux_hidden_state_layer_ids {[i - 1 for i in ids]}" \
-        in capsys.readouterr().out
+    out = capsys.readouterr()
+    assert f"HF hidden-state ids {ids}; eagle_aux_hidden_state_layer_ids are sglang's (HF ids - 1)" in out.out
+    assert "warning: this directory is for sglang: vllm would capture other layers (re-export with --engine vllm " \
+           "or --format speculators)" in out.err
 
 
 def test_run_dir_without_export_and_foreign_target(tmp_path, target_dir):
@@ -332,3 +334,73 @@ def test_export_is_atomic(tmp_path, target_dir, monkeypatch):
         export(src, "eagle3", tmp_path / "e", dtype="bfloat16")
     assert (out / "model.safetensors").read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["e", "run"]
+
+
+# --- the engine rules (issue 13): full vocabulary, capture-id order and convention, embeddings -------------
+
+@pytest.mark.parametrize("fmt", ["eagle3", "speculators"])
+def test_full_vocab_export_has_no_draft_vocab_keys(tmp_path, target_dir, fmt):
+    """vLLM has no draft_id_to_target_id for a full draft vocabulary and refuses d2t/t2d then."""
+    from drafters.eagle import Eagle3, Eagle3Config
+
+    target = Target.load(target_dir)
+    torch.manual_seed(0)
+    m = Eagle3(target, Eagle3Config(draft_vocab_size=target.vocab_size, ttt_steps=2))
+    out = export(run_dir(tmp_path, m, target_dir), fmt, tmp_path / fmt)
+    assert not {"d2t", "t2d"} & set(load_file(str(out / "model.safetensors")))
+    imported = load_eagle3(out, target)  # import fills in the identity mapping
+    assert torch.equal(imported.d2t, m.d2t) and torch.equal(imported.t2d, m.t2d)
+    assert drafts(m.drafter(), target) == drafts(make_drafter(str(out), target), target)
+
+
+@pytest.mark.parametrize("fmt", ["eagle3", "speculators"])
+def test_unsorted_capture_ids_are_permuted_at_export(tmp_path, target_dir, fmt):
+    """Engines fuse captured states in layer order: the export lists the ids ascending and permutes fc's
+    input blocks to match, and the exported drafter drafts exactly as the native one."""
+    from drafters.eagle import Eagle3, Eagle3Config
+
+    target = Target.load(target_dir)
+    torch.manual_seed(0)
+    m = Eagle3(target, Eagle3Config(capture_ids=(3, 1, 2), draft_vocab_size=64, ttt_steps=2),
+               token_counts=torch.randint(0, 100, (target.vocab_size,)))
+    with torch.no_grad():
+        m.fc.weight.normal_(0, 0.3)  # blocks that differ, so a wrong order changes the drafts
+    out = export(run_dir(tmp_path, m, target_dir), fmt, tmp_path / fmt)
+    cfg = json.loads((out / "config.json").read_text())
+    ids = cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] if fmt == "eagle3" \
+        else cfg["eagle_aux_hidden_state_layer_ids"]
+    assert ids == ([0, 1, 2] if fmt == "eagle3" else [1, 2, 3])
+    fc = load_file(str(out / "model.safetensors"))["fc.weight"]
+    blocks = m.fc.weight.chunk(3, dim=1)
+    assert torch.equal(fc, torch.cat([blocks[1], blocks[2], blocks[0]], dim=1))
+    imported = load_eagle3(out, target)
+    assert imported.config.capture_ids == (1, 2, 3)
+    assert drafts(m.drafter(), target) == drafts(imported.drafter(), target)
+
+
+@pytest.mark.parametrize("engine,written", [("sglang", [2, 19, 36]), ("vllm", [3, 20, 37])])
+def test_eagle3_layout_names_its_engine_for_other_ids(engine, written):
+    """Non-default ids cannot be read alike by SGLang (HF id - 1) and vLLM (HF ids): written for one, tagged."""
+    from drafters.eagle import Eagle3, Eagle3Config
+    from drafters.layouts import capture_ids_hf, problems
+
+    facts = qwen3_14b_facts()
+    m = Eagle3(qwen3_14b_on_meta(), Eagle3Config(capture_ids=(3, 20, 37)))
+    native = {k: tuple(v.shape) for k, v in m.state_dict().items()}
+    cfg, sources = plan("eagle3", native_meta(m), list(native), facts, engine=engine)
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == written and cfg["draftsmith"]["engine"] == engine
+    assert capture_ids_hf("eagle3", cfg, 40) == ([3, 20, 37], True)
+    assert not problems("eagle3", cfg, planned_shapes(sources, native, facts), facts)
+
+
+def test_with_embeddings_writes_the_targets_embedding(tmp_path, target_dir, capsys):
+    target = Target.load(target_dir)
+    m = build("eagle3", target)
+    assert main([str(run_dir(tmp_path, m, target_dir)), "--format", "speculators", "--out", str(tmp_path / "a")]) == 0
+    assert "add --with-embeddings to load it with speculators" in capsys.readouterr().out
+    out = export(run_dir(tmp_path, m, target_dir), "speculators", tmp_path / "s", with_embeddings=True)
+    assert torch.equal(load_file(str(out / "model.safetensors"))["embed_tokens.weight"], target.embed_tokens.weight)
+    assert drafts(m.drafter(), target) == drafts(make_drafter(str(out), target), target)
+    with pytest.raises(ValueError, match="--with-embeddings is for the EAGLE-3 layouts"):
+        export(run_dir(tmp_path, build("medusa", target), target_dir), "medusa-vllm", tmp_path / "m",
+               with_embeddings=True)
