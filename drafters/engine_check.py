@@ -160,6 +160,7 @@ def tau_per_round(accepted: int, rounds: int) -> float:
 
 def run_worker(py: Path, job: dict, work: Path, timeout: int) -> dict:
     """drafters/vllm_worker.py in the side venv on `job`; its result dict."""
+    work = work.resolve()  # the worker runs with cwd=work: a relative --out would be resolved twice
     work.mkdir(parents=True, exist_ok=True)
     (work / "job.json").write_text(json.dumps(job))
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")} | ENGINE_ENV
