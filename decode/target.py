@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from torch import Tensor, nn
 
 from decode.errors import UserError, one_line, read_json
@@ -150,8 +150,6 @@ def load_model(name_or_path: str | os.PathLike, dtype: str = "float32", attn: st
 
 def broken_file(model_dir: str) -> str:
     """The first safetensors file of a local model directory whose header does not read (else the directory)."""
-    from safetensors import safe_open
-
     for f in sorted(Path(model_dir).glob("*.safetensors")):
         try:
             with safe_open(str(f), "pt"):

@@ -13,6 +13,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from decode.errors import read_json
+
 
 @dataclass
 class DraftTree:
@@ -166,8 +168,6 @@ def parse_shape(spec: str, draft_len: int = 8) -> Shape:
 
 def read_choices(arg: str) -> tuple[tuple[int, ...], ...]:
     """A static tree file: a json list of paths, each a list of child ranks (>= 0), every prefix listed too."""
-    from decode.errors import read_json
-
     if not arg or not Path(arg).is_file():
         raise FileNotFoundError(f"--tree static:FILE needs a json file of choice paths, got {arg!r}")
     form = "write a json list of paths of child ranks, e.g. [[0], [1], [0, 0]]"
