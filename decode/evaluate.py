@@ -5,18 +5,20 @@
         [--draft-len K] [--policy ...] [--target-pass-s S ...] [--limit N] --out DIR
 
 1. load the target and the prompt file (decode.prompts);
-2. decode every prompt with `ar` first (the reference for `matches_ar` and `speedup_vs_ar`), then
-   with each drafter SPEC in turn: our drafters through `decode.generate.generate`, HF peers
-   (`hf-...`, decode.hf_peers) through HF `generate()`; multi-turn prompts turn by turn, each run
-   feeding its own answers forward;
+2. decode every prompt with `ar` (the reference for `matches_ar` and `speedup_vs_ar`) and with each
+   drafter SPEC: our drafters through `decode.generate.generate`, HF peers (`hf-...`,
+   decode.hf_peers) through HF `generate()`; multi-turn prompts turn by turn, each run feeding its
+   own answers forward. Timing is interleaved (`interleaved`): conversation by conversation every
+   row decodes it back to back, so a change in a shared machine's load cannot pass for a speedup;
 3. write report.json, report.md and PNG plots to --out (decode.report).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Protocol
 
 import torch
@@ -27,7 +29,7 @@ from decode.generate import Generation, add_decode_args, encode_prompt, generate
 from decode.hf_peers import HF_FORMS, is_hf_spec, make_hf_peer
 from decode.policies import make_policy
 from decode.prompts import Conversation, answer_text, load_prompts, render_turn
-from decode.report import SpecRun, TurnResult, build_report, write_report
+from decode.report import SpecRun, TurnResult, build_report, total_stats, write_report
 from decode.sampling import SamplingConfig
 from decode.target import Target
 from decode.tree import parse_shape
@@ -90,8 +92,11 @@ def make_run(spec: str, target: Target, cfg: EvalConfig) -> Runner:
 
 
 def run_spec(runner: Runner, target: Target, convs: list[Conversation], cfg: EvalConfig, spec: str = "",
-             progress: bool = True) -> SpecRun:
-    """Decode every turn of every conversation with one runner (a DecoderRun or an HFPeer)."""
+             progress: bool = True, first_turn: int = 0) -> SpecRun:
+    """Decode every turn of every conversation with one runner (a DecoderRun or an HFPeer).
+
+    Turn i overall (counting from `first_turn`) is decoded with seed cfg.seed + i.
+    """
     tok = target.tokenizer
     if cfg.warmup and convs:
         text, special = render_turn(tok, convs[0].turns, [])
@@ -104,7 +109,7 @@ def run_spec(runner: Runner, target: Target, convs: list[Conversation], cfg: Eva
         for k in range(len(conv.turns)):
             text, special = render_turn(tok, conv.turns, answers)
             ids = encode_prompt(target, text, special)
-            gen = runner.run(ids, cfg.max_new_tokens, cfg.sampling, cfg.seed + len(turns))
+            gen = runner.run(ids, cfg.max_new_tokens, cfg.sampling, cfg.seed + first_turn + len(turns))
             turns.append(TurnResult(conv.id, conv.category, k, ids.numel(), gen.tokens, gen.stats))
             answers.append(answer_text(tok, gen.tokens))
             bar.update(1)
@@ -121,19 +126,59 @@ def prepare(target: Target, specs: list[str], cfg: EvalConfig) -> list[tuple[str
     return [(spec, make_run(spec, target, cfg)) for spec in ordered]
 
 
+def interleaved(target: Target, runners: list[tuple[str, Runner]], convs: list[Conversation], cfg: EvalConfig,
+                progress: bool = True) -> tuple[list[SpecRun], dict[str, list[float]]]:
+    """Every runner on every conversation, conversation by conversation (rotated order); runners[0] is AR.
+
+    1. one untimed warm-up per runner (lazy init, allocator) unless cfg.warmup is off;
+    2. conversation by conversation, every runner decodes that conversation (all its turns) back to
+       back, the order rotated by one per conversation so no runner always runs first or last;
+    3. per conversation, each runner's tokens/s is divided by AR's on that same conversation.
+    Returns the runs (turns in conversation order, as `build_report` expects) and those ratios.
+    """
+    if cfg.warmup and convs:
+        text, special = render_turn(target.tokenizer, convs[0].turns, [])
+        warm = encode_prompt(target, text, special)
+        for _, r in runners:
+            r.run(warm, min(8, cfg.max_new_tokens), cfg.sampling, cfg.seed)
+    cold = replace(cfg, warmup=False)
+    turns: dict[str, list[TurnResult]] = {spec: [] for spec, _ in runners}
+    ratios: dict[str, list[float]] = {spec: [] for spec, _ in runners}
+    ar_spec = runners[0][0]
+    first = 0  # global turn index: the seeds match a sequential run's
+    for c, conv in enumerate(tqdm(convs, desc="conversations", unit="conv", disable=not progress,
+                                  file=sys.stderr, dynamic_ncols=True)):
+        k = c % len(runners)
+        done = {spec: run_spec(r, target, [conv], cold, spec, False, first).turns
+                for spec, r in runners[k:] + runners[:k]}
+        ar_rate = total_stats(done[ar_spec]).tokens_per_s
+        for spec, _ in runners:
+            turns[spec] += done[spec]
+            ratios[spec].append(total_stats(done[spec]).tokens_per_s / ar_rate if ar_rate else 0.0)
+        first += len(conv.turns)
+    runs = [SpecRun(r.name, spec, r.kind, turns[spec]) for spec, r in runners]
+    return runs, ratios
+
+
 def evaluate(target: Target, runners: list[tuple[str, Runner]], convs: list[Conversation], cfg: EvalConfig,
              pass_costs: list[float] = DEFAULT_PASS_COSTS, meta: dict | None = None, progress: bool = True) -> dict:
-    """Run every (spec, runner) from `prepare` on the same prompts -> the report.json dict (runners[0] = AR)."""
-    runs = [run_spec(runner, target, convs, cfg, spec, progress) for spec, runner in runners]
+    """Run every (spec, runner) from `prepare` on the same prompts, interleaved -> the report.json dict.
+
+    runners[0] is AR. Each drafter entry gets `speedup_vs_ar_per_conversation` (the spread).
+    """
+    runs, ratios = interleaved(target, runners, convs, cfg, progress)
     settings = {**(meta or {}), "turns": sum(len(c.turns) for c in convs), "conversations": len(convs),
                 "max_new_tokens": cfg.max_new_tokens, **asdict(cfg.sampling), "tree": cfg.tree,
                 "draft_len": cfg.draft_len, "policy": cfg.policy, "seed": cfg.seed,
-                "torch_threads": torch.get_num_threads()}
-    return build_report(runs, settings, list(pass_costs))
+                "torch_threads": torch.get_num_threads(), "timing": "interleaved by conversation"}
+    report = build_report(runs, settings, list(pass_costs))
+    for d in report["drafters"]:
+        d["speedup_vs_ar_per_conversation"] = ratios[d["spec"]]
+    return report
 
 
 def print_table(report: dict, file=sys.stdout) -> None:
-    cols = f"{'drafter':<28} {'tau':>6} {'tok/s':>8} {'vs AR':>6} {'matches':>7}"
+    cols = f"{'drafter':<28} {'tau':>6} {'tok/s':>8} {'vs AR':>6} {'per prompt: median [min, max]':>30} {'matches':>7}"
     costs = report["cost_model"]["target_pass_s"]
     cols += "".join(f" {'@' + format(c, 'g') + 's':>8}" for c in costs)
     print(cols, file=file)
@@ -141,8 +186,10 @@ def print_table(report: dict, file=sys.stdout) -> None:
         m = {True: "yes", False: "NO", None: "-"}[d["matches_ar"]]
         proj = "".join(f" {r['speedup_vs_ar']:>8.2f}" for r in d["cost_model"]) if d["cost_model"] else \
             "".join(f" {'-':>8}" for _ in costs)
+        r = d.get("speedup_vs_ar_per_conversation") or []
+        spread = f"{statistics.median(r):.2f} [{min(r):.2f}, {max(r):.2f}]" if r else "-"
         print(f"{d['name']:<28} {d['mean_accepted_tokens']:>6.3f} {d['tokens_per_s']:>8.1f} "
-              f"{d['speedup_vs_ar']:>6.2f} {m:>7}{proj}", file=file)
+              f"{d['speedup_vs_ar']:>6.2f} {spread:>30} {m:>7}{proj}", file=file)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,12 +5,10 @@ Rows: our `ar`, the untrained `early-exit:4` / `early-exit:8` (the mission's fir
 tree), and HF `generate()` / HF prompt lookup as peers. Columns: τ, tokens/s, speedup vs our AR
 (with its spread), matches_ar, and the projected speedup at a 20 s target pass (a streamed 14B).
 
-Timing is **interleaved** so that a change in the shared machine's load cannot pass for a speedup:
-1. every row gets one untimed warm-up;
-2. conversation by conversation, every row decodes that conversation (all its turns) back to back,
-   the row order rotated by one per conversation so no row always runs first or last;
-3. per conversation, each row's tokens/s is divided by AR's on that same conversation; the table
-   gives the overall ratio and the median [min, max] of these per-conversation ratios (the spread).
+Timing is **interleaved** (decode.evaluate.interleaved) so that a change in the shared machine's
+load cannot pass for a speedup: conversation by conversation every row decodes it back to back, the
+row order rotated per conversation; the table gives each row's overall tokens/s over AR's and the
+median [min, max] of the per-conversation ratios (the spread).
 
     python scripts/bench_chat.py [--target DIR] [--suite mt-bench|spec-bench|both] [--limit N]
         [--first-turn-only] [--max-new-tokens N] [--dtype float32|bfloat16] [--threads 1]
@@ -22,15 +20,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import torch
 
-from decode.evaluate import EvalConfig, Runner, make_run, run_spec
-from decode.generate import encode_prompt
-from decode.prompts import Conversation, load_prompts, render_turn
-from decode.report import SpecRun, TurnResult, build_report, total_stats, write_report
+from decode.evaluate import EvalConfig, evaluate, make_run
+from decode.prompts import Conversation, load_prompts
+from decode.report import write_report
 from decode.target import Target
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,48 +44,12 @@ def row_specs(untrained: list[str], trained: list[str], tree: str) -> list[str]:
     return specs + PEERS
 
 
-def interleaved(target: Target, runners: list[tuple[str, Runner]], convs: list[Conversation],
-                cfg: EvalConfig) -> tuple[list[SpecRun], dict[str, list[float]]]:
-    """Every runner on every conversation, conversation by conversation (rotated order); runners[0] is AR.
-
-    Returns the runs (turns in conversation order, as `build_report` expects) and, per runner,
-    its tokens/s on each conversation divided by AR's on the same conversation.
-    """
-    tok = target.tokenizer
-    # 1. one untimed warm-up per runner (lazy init, allocator), as decode.evaluate does.
-    text, special = render_turn(tok, convs[0].turns, [])
-    warm = encode_prompt(target, text, special)
-    for _, r in runners:
-        r.run(warm, min(8, cfg.max_new_tokens), cfg.sampling, cfg.seed)
-    cold = replace(cfg, warmup=False)
-    turns: dict[str, list[TurnResult]] = {spec: [] for spec, _ in runners}
-    ratios: dict[str, list[float]] = {spec: [] for spec, _ in runners}
-    # 2. conversation by conversation, rotating the order of the rows.
-    for c, conv in enumerate(tqdm_convs(convs)):
-        k = c % len(runners)
-        done: dict[str, list[TurnResult]] = {}
-        for spec, r in runners[k:] + runners[:k]:
-            done[spec] = run_spec(r, target, [conv], cold, spec, progress=False).turns
-        ar_rate = total_stats(done["ar"]).tokens_per_s
-        for spec, ts in done.items():
-            turns[spec] += ts
-            ratios[spec].append(total_stats(ts).tokens_per_s / ar_rate if ar_rate else 0.0)
-    runs = [SpecRun(r.name, spec, r.kind, turns[spec]) for spec, r in runners]
-    return runs, ratios
-
-
-def tqdm_convs(convs: list[Conversation]):
-    from tqdm import tqdm
-
-    return tqdm(convs, desc="conversations", unit="conv", file=sys.stderr, dynamic_ncols=True)
-
-
-def print_table(report: dict, ratios: dict[str, list[float]], title: str, file=sys.stdout) -> None:
+def print_table(report: dict, title: str, file=sys.stdout) -> None:
     print(title, file=file)
     print(f"{'row':<52} {'tau':>6} {'tok/s':>7} {'vs AR':>6} {'spread (median [min, max])':>27} {'= AR':>5} "
           f"{'@20s':>6}", file=file)
     for d in report["drafters"]:
-        r = ratios[d["spec"]]
+        r = d["speedup_vs_ar_per_conversation"]
         spread = f"{statistics.median(r):.2f} [{min(r):.2f}, {max(r):.2f}]" if r else "-"
         same = {True: "yes", False: "NO", None: "-"}[d["matches_ar"]]
         proj = f"{d['cost_model'][0]['speedup_vs_ar']:.2f}" if d["cost_model"] else "-"  # HF: no drafting split
@@ -142,18 +102,12 @@ def main(argv: list[str] | None = None) -> int:
         convs = load_prompts(SUITES[suite], args.limit)
         if args.first_turn_only:
             convs = [Conversation(c.id, c.category, c.turns[:1]) for c in convs]
-        runs, ratios = interleaved(target, runners, convs, cfg)
-        settings = {"target": args.target, "prompts": str(SUITES[suite]), "turns": sum(len(c.turns) for c in convs),
-                    "conversations": len(convs), "max_new_tokens": cfg.max_new_tokens, "temperature": 0.0,
-                    "tree": "chain", "draft_len": cfg.draft_len, "policy": cfg.policy, "seed": cfg.seed,
-                    "dtype": args.dtype, "torch_threads": args.threads, "timing": "interleaved by conversation"}
-        report = build_report(runs, settings, [20.0])
-        for d in report["drafters"]:
-            d["speedup_vs_ar_per_conversation"] = ratios[d["spec"]]
+        meta = {"target": args.target, "prompts": str(SUITES[suite]), "dtype": args.dtype}
+        report = evaluate(target, runners, convs, cfg, [20.0], meta)
         if args.out:
             write_report(report, Path(args.out) / suite)
         turns = "first turns" if args.first_turn_only else "all turns"
-        print_table(report, ratios, f"\n{suite}: {len(convs)} conversations ({report['settings']['turns']} turns, "
+        print_table(report, f"\n{suite}: {len(convs)} conversations ({report['settings']['turns']} turns, "
                     f"{turns}), {args.max_new_tokens} new tokens, greedy, {args.dtype}, {args.threads} thread(s); "
                     f"chain k={args.draft_len} unless @tree; interleaved timing")
         print_categories(report)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import datasets
@@ -102,8 +103,11 @@ def sample(target: Target, contexts: list[list[int]], cfg: RegenConfig, stop: li
 
 
 def generate_shard(target: Target, recs: list[dict | None], cfg: RegenConfig, stop: list[int],
-                   use_template: bool, tpl: dict) -> list[dict]:
-    """Answer every assistant slot of these jobs, turn by turn, in batches sorted by context length."""
+                   use_template: bool, tpl: dict, on_batch=lambda replies, tokens: None) -> list[dict]:
+    """Answer every assistant slot of these jobs, turn by turn, in batches sorted by context length.
+
+    `on_batch(replies, tokens)` is called after each sampled batch (the progress bar).
+    """
     tok = target.tokenizer
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else stop[0]
     chunks = [reply_chunks(r) for r in recs]
@@ -129,7 +133,9 @@ def generate_shard(target: Target, recs: list[dict | None], cfg: RegenConfig, st
         order = sorted(todo, key=lambda j: len(contexts[j]))
         for b in range(0, len(order), cfg.batch_size):
             batch = order[b: b + cfg.batch_size]
-            for j, gen in zip(batch, sample(target, [contexts[j] for j in batch], cfg, stop, pad_id)):
+            gens = sample(target, [contexts[j] for j in batch], cfg, stop, pad_id)
+            on_batch(len(batch), sum(map(len, gens)))
+            for j, gen in zip(batch, gens):
                 if use_template:
                     body = gen[:-1] if gen and gen[-1] in stop else gen
                     msgs[j].append({"role": "assistant", "content": tok.decode(body, skip_special_tokens=True)})
@@ -171,15 +177,22 @@ def regenerate(target: Target, records: datasets.Dataset | None, cfg: RegenConfi
     # 2. this rank's shards, skipping finished ones.
     mine = [(s, js) for s, js in shards if s % world == rank and not shard_path(out, s).exists()]
     tpl = template_kwargs(enable_thinking)
-    with tqdm(total=sum(len(js) for _, js in mine), desc=f"regenerating [rank {rank}]", unit="seq",
+    replies = sum(len(reply_chunks(records[i] if i >= 0 else None)) for _, js in mine for i, _ in js)
+    t0, made = time.perf_counter(), [0]
+
+    def on_batch(n: int, tokens: int) -> None:  # replies done and answer tokens/s so far
+        made[0] += tokens
+        bar.update(n)
+        bar.set_postfix(tok_s=f"{made[0] / (time.perf_counter() - t0):.0f}")
+
+    with tqdm(total=replies, desc=f"regenerating [rank {rank}]", unit="reply",
               disable=rank != 0 or not mine) as bar:
         for s, js in mine:
             recs = [records[i] if i >= 0 else None for i, _ in js]
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed * 1_000_003 + s)
-                rows = generate_shard(target, recs, cfg, stop, use_template, tpl)
+                rows = generate_shard(target, recs, cfg, stop, use_template, tpl, on_batch)
             write_jsonl(shard_path(out, s), rows)
-            bar.update(len(js))
     barrier()
     return out
 

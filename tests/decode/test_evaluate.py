@@ -242,3 +242,33 @@ def test_draft_model_peers_match_early_exit(stories, tmp_path):
         # HF may save one pass: it drafts before its prefill
         assert ref.stats.target_passes - saved <= got.stats.target_passes <= ref.stats.target_passes, spec
         assert got.stats.drafter_passes > 0, spec
+
+
+class SeedRunner(EchoRunner):
+    """Records (runner name, seed, wall order) for every call."""
+
+    def __init__(self, name: str, log: list) -> None:
+        super().__init__([5, 6])
+        self.name, self.log = name, log
+
+    def run(self, prompt_ids, max_new_tokens, sampling, seed) -> Generation:
+        self.log.append((self.name, seed))
+        gen = super().run(prompt_ids, max_new_tokens, sampling, seed)
+        gen.stats.wall_s = {"ar": 1.0, "a": 0.5, "b": 2.0}[self.name]  # a: twice AR's speed, b: half
+        return gen
+
+
+def test_timing_is_interleaved_by_conversation_with_sequential_seeds(stories, tmp_path):
+    """Rows alternate conversation by conversation (rotated), each turn keeps seed + its global index."""
+    log: list = []
+    runners = [(n, SeedRunner(n, log)) for n in ("ar", "a", "b")]
+    convs = load_prompts(prompt_file(tmp_path))  # 3 conversations, turns 1 + 2 + 1
+    report = evaluate(stories, runners, convs, EvalConfig(warmup=False, seed=10), progress=False)
+    assert log == [("ar", 10), ("a", 10), ("b", 10),                          # conversation 1
+                   ("a", 11), ("a", 12), ("b", 11), ("b", 12), ("ar", 11), ("ar", 12),  # rotated by one
+                   ("b", 13), ("ar", 13), ("a", 13)]                          # rotated by two
+    assert report["settings"]["timing"] == "interleaved by conversation"
+    for d in report["drafters"]:
+        assert len(d["speedup_vs_ar_per_conversation"]) == 3
+    ratios = {d["name"]: d["speedup_vs_ar_per_conversation"] for d in report["drafters"]}
+    assert ratios == {"ar": [1.0] * 3, "a": [2.0] * 3, "b": [0.5] * 3}
