@@ -19,6 +19,7 @@ from torch import Tensor
 from decode.metrics import GenStats
 from decode.offload import add_offload_args, load_target_from_args
 from decode.policies import FixedPolicy, Policy, Round, capped, constant_cost, make_policy
+from decode.prompts import render_turn
 from decode.protocol import Budget, Drafter, TargetStep, layer_reuse, side_rows
 from decode.sampling import Rng, SamplingConfig, TorchRng, probs_from_logits
 from decode.target import Target
@@ -189,7 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m decode.generate", description=__doc__.splitlines()[0])
     add_decode_args(ap)
     ap.add_argument("--drafter", default="ar", help="drafter SPEC (see drafters.registry)")
-    ap.add_argument("--prompt", required=True)
+    ap.add_argument("--prompt", required=True, help="the user's message (rendered with the target's chat template "
+                    "when it has one, as decode.evaluate does)")
+    ap.add_argument("--raw", action="store_true", help="encode --prompt as is: no chat template")
     ap.add_argument("--target-pass-s", type=float, default=None,
                     help="seconds one target pass costs, for the cost-aware policies (e.g. 20 for a streamed 14B "
                          "target); default: measured as the run goes")
@@ -205,8 +208,13 @@ def main(argv: list[str] | None = None) -> int:
         print(target.placement.describe(), file=sys.stderr)
     drafter = make_drafter(args.drafter, target)
     tok = target.tokenizer
-    ids = encode_prompt(target, args.prompt)
-    shown = ids.tolist()
+    text, special = (args.prompt, True) if args.raw else render_turn(tok, (args.prompt,), [])
+    ids = encode_prompt(target, text, special)
+    if special:  # raw text: the continuation is printed after the prompt's own tokens
+        shown = ids.tolist()
+    else:  # a chat turn: show the user's message, then the answer alone
+        print(args.prompt)
+        shown = []
     printed = 0
 
     def stream(new: list[int]) -> None:  # decode the whole text so far: sentencepiece spaces need context
