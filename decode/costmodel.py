@@ -33,8 +33,9 @@ def measure_pass_cost(target: Target, tokens: tuple[int, ...] = DEFAULT_TOKENS, 
     """Median seconds of one verification pass over n tokens (the pending root + a chain of n - 1 drafts).
 
     1. prefill `prefix` random tokens once; 2. per n, one warm-up pass, then `repeats` timed passes,
-    each through `Target.forward_tree` (the decoder's own verification path) and cropped back to the
-    prefix. `before_pass` runs untimed before each pass (e.g. `drop_page_cache` for cold-disk numbers).
+    each through `Target.forward_tree` (the decoder's own verification path: layers over every row,
+    the LM head on the root row — decode.generate applies it only to the rows it visits) and cropped
+    back to the prefix. `before_pass` runs untimed before each pass (e.g. `drop_page_cache` for cold-disk numbers).
     """
     if min(tokens) < 1 or prefix < 1:
         raise ValueError(f"token counts {tokens} and prefix {prefix} must be >= 1")
@@ -54,7 +55,8 @@ def measure_pass_cost(target: Target, tokens: tuple[int, ...] = DEFAULT_TOKENS, 
             if before_pass is not None:
                 before_pass()
             t0 = time.perf_counter()
-            target.forward_tree(root, tree, cache)
+            out = target.forward_tree(root, tree, cache, logits=False)
+            target.head(out.last[:1])  # the decoder's verifier runs the LM head on the rows it visits only
             if target.device.type == "cuda":
                 torch.cuda.synchronize(target.device)
             if r:  # r == 0 is the warm-up

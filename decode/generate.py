@@ -24,7 +24,7 @@ from decode.protocol import Budget, Drafter, TargetStep, layer_reuse, side_rows
 from decode.sampling import Rng, SamplingConfig, TorchRng, probs_from_logits
 from decode.target import Target
 from decode.tree import Shape, parse_shape
-from decode.verify import verify_greedy, verify_sampling
+from decode.verify import LazyRows, verify_greedy, verify_sampling
 
 
 @dataclass
@@ -94,12 +94,13 @@ def generate(target: Target, drafter: Drafter, prompt_ids: Tensor, max_new_token
         t1 = time.perf_counter()
 
         # 3. verify: one target pass over [pending] + tree (+ side rows a drafter rides along, never committed).
-        out = target.forward_tree(emitted[-1], tree, cache, hidden_ids, reuse, side)
-        logits = out.logits[: 1 + tree.size]
+        #    The LM head runs only on the rows verification visits (the accepted path + its bonus row).
+        out = target.forward_tree(emitted[-1], tree, cache, hidden_ids, reuse, side, logits=False)
+        rows = out.last[: 1 + tree.size]  # [1 + N, D] pre-norm
         if sampling.greedy:
-            verdict = verify_greedy(tree, logits.argmax(-1))
+            verdict = verify_greedy(tree, LazyRows(lambda h: target.head(h).argmax(-1), rows))
         else:
-            verdict = verify_sampling(tree, probs_from_logits(logits, sampling), rng)
+            verdict = verify_sampling(tree, LazyRows(lambda h: probs_from_logits(target.head(h), sampling), rows), rng)
         t2 = time.perf_counter()
 
         # 4. commit: keep the root and the accepted path in the cache, emit path tokens + bonus.
@@ -114,14 +115,14 @@ def generate(target: Target, drafter: Drafter, prompt_ids: Tensor, max_new_token
         if on_tokens:
             on_tokens(new)
         hidden = {i: h[keep] for i, h in out.hidden.items()}
-        side_logits = out.logits[1 + tree.size:] if side is not None else None
+        side_logits = target.head(out.last[1 + tree.size:]) if side is not None else None
         drafter.accept(TargetStep(torch.tensor(new), hidden, verdict.path, committed, cache, side_logits))
         t3 = time.perf_counter()
         stats.draft_s += t1 - t0
         stats.verify_s += t2 - t1
         stats.commit_s += t3 - t2
         conf = tree.conf.tolist() if tree.conf is not None else None
-        policy.observe(Round(depth, len(verdict.path), t1 - t0, t2 - t1, out.logits.shape[0], conf))
+        policy.observe(Round(depth, len(verdict.path), t1 - t0, t2 - t1, out.last.shape[0], conf))
 
     stats.new_tokens = len(emitted)
     stats.drafter_passes = drafter.forward_passes - passes0

@@ -300,8 +300,12 @@ class Target:
         return self.forward(prompt_ids, cache, hidden_ids=hidden_ids)
 
     def forward_tree(self, root: int, tree: DraftTree, cache: KVCache, hidden_ids: tuple[int, ...] = (),
-                     reuse: LayerReuse | None = None, side: SideRows | None = None) -> ForwardOut:
+                     reuse: LayerReuse | None = None, side: SideRows | None = None,
+                     logits: bool = True) -> ForwardOut:
         """One pass over [root] + tree nodes; returns logits [1 + N, V] (row 0 = root).
+
+        logits=False skips the LM head (logits None; `last` holds the pre-norm rows for `head`), for a
+        verifier that applies it only to the rows it visits (decode.verify.LazyRows).
 
         Positions are prefix length + depth, the mask lets a node see the prefix and its ancestors.
         With `reuse`, the first `reuse.layers` layers were already run (by an early-exit drafter,
@@ -329,7 +333,7 @@ class Target:
         self.check_hidden_ids(hidden_ids)
         if reuse is None:
             h, hid = self.run_layers(self.embed(ids), 0, self.num_layers, cache, positions, mask, tuple(hidden_ids))
-            return ForwardOut(self.head(h)[0], hid, h[0])
+            return ForwardOut(self.head(h)[0] if logits else None, hid, h[0])
         # LayerSkip-style reuse: rows [0, n) already have layer-K states and K-layer KV in the cache.
         if any(i <= k for i in hidden_ids if i > 0) or 0 in hidden_ids:
             raise ValueError("hidden ids at or below the reused layers are not available with reuse")
@@ -340,7 +344,7 @@ class Target:
             h_rest, _ = self.run_layers(self.embed(rest), 0, k, cache, positions[n:], sub, ())
             h_k = torch.cat([h_k, h_rest], dim=1)
         h, hid = self.run_layers(h_k, k, self.num_layers, cache, positions, mask, tuple(hidden_ids))
-        return ForwardOut(self.head(h)[0], hid, h[0])
+        return ForwardOut(self.head(h)[0] if logits else None, hid, h[0])
 
 
 @dataclass

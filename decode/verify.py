@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -19,27 +20,47 @@ class Verdict:
     bonus: int
 
 
-def verify_greedy(tree: DraftTree, argmax: Tensor) -> Verdict:
+@dataclass
+class LazyRows:
+    """Per-row target outputs computed on first use: `fn(h[row : row + 1])[0]`, memoised.
+
+    Verification only looks at the rows on the accepted path (about τ of the 1 + N), so the LM head
+    (49k words on a chat model: a sixth of a pass per row) need not run over every tree node.
+    Indexable like the [1 + N, ...] tensor it stands for.
+    """
+
+    fn: Callable[[Tensor], Tensor]  # [1, D] -> [1, ...]
+    h: Tensor  # [1 + N, D]
+    memo: dict[int, Tensor] = field(default_factory=dict)
+
+    def __getitem__(self, row: int) -> Tensor:
+        if row not in self.memo:
+            self.memo[row] = self.fn(self.h[row : row + 1])[0]
+        return self.memo[row]
+
+
+def verify_greedy(tree: DraftTree, argmax: Tensor | LazyRows) -> Verdict:
     """Walk the tree accepting a child whose token is the target's argmax at its parent.
 
-    argmax: [1 + N] target argmax at the root (row 0) and at every node (row i + 1).
+    argmax: [1 + N] target argmax at the root (row 0) and at every node (row i + 1), or LazyRows.
     """
-    want = argmax.tolist()
     tokens = tree.tokens.tolist()
     children = tree.children()
     path, row = [], 0
     while True:
-        nxt = next((c for c in children[row] if tokens[c] == want[row]), None)
+        want = int(argmax[row])
+        nxt = next((c for c in children[row] if tokens[c] == want), None)
         if nxt is None:
-            return Verdict(path, want[row])
+            return Verdict(path, want)
         path.append(nxt)
         row = nxt + 1
 
 
-def verify_sampling(tree: DraftTree, p: Tensor, rng: Rng) -> Verdict:
+def verify_sampling(tree: DraftTree, p: Tensor | LazyRows, rng: Rng) -> Verdict:
     """Multi-draft recursive rejection sampling (SpecInfer; without-replacement variant), lossless.
 
-    p: [1 + N, V] target probabilities (after temperature/top-k/top-p) at the root and every node.
+    p: [1 + N, V] target probabilities (after temperature/top-k/top-p) at the root and every node
+    (or LazyRows computing them row by row).
     At an accepted node with children x_1..x_m drawn from q:
       1. q_i = q with x_1..x_{i-1} zeroed and renormalised (i.i.d. draws: q_i = q);
       2. accept x_i with probability min(1, p(x_i) / q_i(x_i));

@@ -139,3 +139,30 @@ def test_eos_and_max_new_tokens_are_exact(tiny_pair):
 def test_too_long_prompt_is_refused(stories):
     with pytest.raises(ValueError, match="max positions"):
         generate(stories, ARDrafter(), torch.ones(500, dtype=torch.long), 20)
+
+
+def test_lazy_lm_head_visits_only_the_accepted_path_and_agrees_with_full_logits(stories):
+    """Verification through LazyRows gives the verdict of the full [1 + N, V] logits, computing ≤ depth + 1 rows."""
+    from decode.sampling import TorchRng, probs_from_logits
+    from decode.tree import DraftTree
+    from decode.verify import LazyRows, verify_greedy, verify_sampling
+
+    ids = encode_prompt(stories, "Once upon a time, there was a little girl")
+    cache = stories.new_cache()
+    first = int(stories.prefill(ids, cache).logits[-1].argmax())
+    # a tree whose first-level children hold the target's own next tokens (greedy AR), so paths get accepted
+    ar = generate(stories, ARDrafter(), ids, 4).tokens
+    tree = DraftTree(tokens=torch.tensor([ar[1], 7, ar[2], 9, ar[3]]), parents=torch.tensor([-1, -1, 0, 0, 2]))
+    full = stories.forward_tree(first, tree, cache)
+    cache.crop(ids.numel())
+    lean = stories.forward_tree(first, tree, cache, logits=False)
+    assert lean.logits is None and torch.equal(lean.last, full.last)
+    rows = LazyRows(lambda h: stories.head(h).argmax(-1), lean.last)
+    want = verify_greedy(tree, full.logits.argmax(-1))
+    assert verify_greedy(tree, rows) == want and want.path == [0, 2, 4]
+    assert sorted(rows.memo) == [0, 1, 3, 5]  # the root, the three accepted nodes: never the rejected siblings
+    cfg = SamplingConfig(temperature=0.9)
+    for seed in range(5):
+        a = verify_sampling(tree, probs_from_logits(full.logits, cfg), TorchRng(seed))
+        b = verify_sampling(tree, LazyRows(lambda h: probs_from_logits(stories.head(h), cfg), lean.last), TorchRng(seed))
+        assert a == b

@@ -1,0 +1,99 @@
+"""Where a speculative round's time goes on a real target: draft, verify, commit, and the ops inside them.
+
+For each drafter SPEC, on the same chat prompts (MT-bench first turns, the chat template applied):
+1. phase split from the decoder's own clocks (GenStats): ms per round in draft / verify / commit, and
+   the prefill, with the mean number of tokens a verify pass covers;
+2. the verify pass cost vs tokens (decode.costmodel's curve, after a chat-length prefix), so a tree
+   size can be read against what it costs;
+3. the top ops by self CPU time (torch.profiler over one more generation), grouped by input shape —
+   the LM head over 49k words, attention, the MLP matmuls, mask and cache bookkeeping.
+
+    python scripts/profile_round.py [--target DIR] [--dtype float32|bfloat16] [--threads 1] [--limit 2]
+        [--max-new-tokens 64] [--top 12] [SPEC ...]          (default SPECs: ar early-exit:8)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from decode.costmodel import format_curve, measure_pass_cost
+from decode.evaluate import EvalConfig, make_run
+from decode.generate import encode_prompt
+from decode.metrics import GenStats
+from decode.prompts import load_prompts, render_turn
+from decode.target import Target
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def phase_row(name: str, stats: list[GenStats]) -> str:
+    """One line: rounds, ms per round per phase, verified tokens per pass, τ, tokens/s."""
+    tot = stats[0]
+    for s in stats[1:]:
+        tot = tot.merge(s)
+    rounds = tot.rounds or 1
+    ms = [1000 * x / rounds for x in (tot.draft_s, tot.verify_s, tot.commit_s)]
+    other = 1000 * (tot.wall_s - tot.prefill_s - tot.draft_s - tot.verify_s - tot.commit_s) / rounds
+    return (f"{name:<44} {tot.rounds:>6} {ms[0]:>8.1f} {ms[1]:>8.1f} {ms[2]:>8.1f} {other:>7.1f} "
+            f"{1000 * tot.prefill_s / len(stats):>8.0f} {tot.draft_nodes / rounds + 1:>8.1f} {tot.tau:>5.2f} "
+            f"{tot.tokens_per_s:>7.1f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("specs", nargs="*", default=["ar", "early-exit:8"], help="drafter SPECs (SPEC@TREE allowed)")
+    ap.add_argument("--target", default=str(REPO / "recipes/targets/smollm2-135m-instruct"))
+    ap.add_argument("--prompts", default=str(REPO / "recipes/data/mt_bench_question.jsonl"))
+    ap.add_argument("--limit", type=int, default=2, help="conversations (first turns) to decode per SPEC")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--tokens", default="1,2,4,8,16,25,32,64", help="verified-token counts for the pass-cost curve")
+    ap.add_argument("--prefix", type=int, default=256, help="cached tokens before the timed passes")
+    ap.add_argument("--top", type=int, default=12, help="ops listed per SPEC")
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if not Path(args.target).is_dir():
+        print(f"error: target {args.target} not found; run `draftsmith fetch smollm2-135m-instruct` first",
+              file=sys.stderr)
+        return 2
+    target = Target.load(args.target, dtype=args.dtype)
+    cfg = EvalConfig(max_new_tokens=args.max_new_tokens)
+    runners = [(s, make_run(s, target, cfg)) for s in args.specs]
+    convs = load_prompts(args.prompts, args.limit)
+    prompts = [encode_prompt(target, *render_turn(target.tokenizer, c.turns, [])) for c in convs]
+    print(f"{args.target}, {args.dtype}, {args.threads} thread(s); {len(prompts)} prompts x {args.max_new_tokens} "
+          f"new tokens, greedy, chain k={cfg.draft_len} unless @tree")
+
+    # 1. phase split from the decoder's clocks (one warm-up generation first).
+    print(f"\n{'ms per round':<44} {'rounds':>6} {'draft':>8} {'verify':>8} {'commit':>8} {'other':>7} "
+          f"{'prefill':>8} {'tok/pass':>7} {'tau':>5} {'tok/s':>7}")
+    for spec, r in runners:
+        r.run(prompts[0], 8, cfg.sampling, 0)
+        stats = [r.run(p, args.max_new_tokens, cfg.sampling, 0).stats for p in prompts]
+        print(phase_row(spec, stats))
+    print("other: the loop's own bookkeeping (policy, stats, emit) per round; prefill: ms per prompt")
+
+    # 2. what a verify pass costs against the tokens it covers.
+    ns = tuple(int(x) for x in args.tokens.split(","))
+    curve = measure_pass_cost(target, ns, prefix=args.prefix, repeats=3)
+    print(f"\nverify pass cost after {args.prefix} cached tokens:\n{format_curve(curve)}")
+
+    # 3. the ops inside one generation per SPEC.
+    for spec, r in runners:
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            r.run(prompts[0], args.max_new_tokens, cfg.sampling, 0)
+        table = prof.key_averages(group_by_input_shape=True).table(sort_by="self_cpu_time_total",
+                                                                   row_limit=args.top, max_name_column_width=28,
+                                                                   max_shapes_column_width=60)
+        print(f"\n{spec}: top {args.top} ops by self CPU time over one {args.max_new_tokens}-token generation\n{table}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
