@@ -160,11 +160,46 @@ def interleaved(target: Target, runners: list[tuple[str, Runner]], convs: list[C
     return runs, ratios
 
 
+@torch.inference_mode()
+def divergences(target: Target, runs: list[SpecRun], convs: list[Conversation]) -> dict[str, list[dict]]:
+    """Per greedy run, where it first leaves AR's tokens in each conversation, and AR's top-2 margin there.
+
+    runs[0] is AR. At a divergence the margin top1 - top2 of AR's own logits at that position tells
+    numerics from a bug: a near-tie (a bf16 target, a batch-shape-dependent kernel) is numerics; a
+    clear margin is a bug. Later turns of that conversation are skipped (their prompts differ).
+    """
+    ar, tok = runs[0], target.tokenizer
+    ar_turns = {(t.id, t.turn): t for t in ar.turns}
+    turns_of = {c.id: c.turns for c in convs}
+    out: dict[str, list[dict]] = {}
+    for run in runs[1:]:
+        found, done = [], set()
+        for t in run.turns:
+            ref = ar_turns.get((t.id, t.turn))
+            if ref is None or t.id in done or t.tokens == ref.tokens:
+                continue
+            done.add(t.id)
+            i = next((j for j, (a, b) in enumerate(zip(ref.tokens, t.tokens)) if a != b), None)
+            if i is None:  # one is a prefix of the other (an EOS or a length cut differs)
+                found.append({"conversation": t.id, "turn": t.turn, "position": min(len(ref.tokens), len(t.tokens)),
+                              "ar_token": None, "got_token": None, "ar_top2_margin": None})
+                continue
+            answers = [answer_text(tok, ar_turns[(t.id, k)].tokens) for k in range(t.turn)]
+            text, special = render_turn(tok, turns_of[t.id], answers)
+            ids = torch.cat([encode_prompt(target, text, special), torch.tensor(ref.tokens[:i], dtype=torch.long)])
+            top = target.forward(ids, None).logits[-1].float().topk(2).values
+            found.append({"conversation": t.id, "turn": t.turn, "position": i, "ar_token": ref.tokens[i],
+                          "got_token": t.tokens[i], "ar_top2_margin": float(top[0] - top[1])})
+        out[run.spec] = found
+    return out
+
+
 def evaluate(target: Target, runners: list[tuple[str, Runner]], convs: list[Conversation], cfg: EvalConfig,
              pass_costs: list[float] = DEFAULT_PASS_COSTS, meta: dict | None = None, progress: bool = True) -> dict:
     """Run every (spec, runner) from `prepare` on the same prompts, interleaved -> the report.json dict.
 
-    runners[0] is AR. Each drafter entry gets `speedup_vs_ar_per_conversation` (the spread).
+    runners[0] is AR. Each drafter entry gets `speedup_vs_ar_per_conversation` (the spread) and,
+    greedy, `divergences` (where it left AR's tokens and AR's top-2 logit margin there).
     """
     runs, ratios = interleaved(target, runners, convs, cfg, progress)
     settings = {**(meta or {}), "turns": sum(len(c.turns) for c in convs), "conversations": len(convs),
@@ -172,8 +207,11 @@ def evaluate(target: Target, runners: list[tuple[str, Runner]], convs: list[Conv
                 "draft_len": cfg.draft_len, "policy": cfg.policy, "seed": cfg.seed,
                 "torch_threads": torch.get_num_threads(), "timing": "interleaved by conversation"}
     report = build_report(runs, settings, list(pass_costs))
+    div = divergences(target, runs, convs) if cfg.sampling.greedy else {}
     for d in report["drafters"]:
         d["speedup_vs_ar_per_conversation"] = ratios[d["spec"]]
+        if d["spec"] in div:
+            d["divergences"] = div[d["spec"]]  # greedy: first mismatch per conversation + AR's top-2 margin
     return report
 
 
@@ -190,6 +228,15 @@ def print_table(report: dict, file=sys.stdout) -> None:
         spread = f"{statistics.median(r):.2f} [{min(r):.2f}, {max(r):.2f}]" if r else "-"
         print(f"{d['name']:<28} {d['mean_accepted_tokens']:>6.3f} {d['tokens_per_s']:>8.1f} "
               f"{d['speedup_vs_ar']:>6.2f} {spread:>30} {m:>7}{proj}", file=file)
+
+
+def print_divergences(report: dict, file=sys.stdout) -> None:
+    """Greedy rows that left AR's tokens: where, and AR's top-2 logit margin there (near 0 = numerics)."""
+    for d in report["drafters"]:
+        for v in d.get("divergences", []):
+            m = "-" if v["ar_top2_margin"] is None else f"{v['ar_top2_margin']:.4f}"
+            print(f"diverged: {d['name']} conversation {v['conversation']} turn {v['turn']} at token {v['position']}"
+                  f" (AR {v['ar_token']}, got {v['got_token']}); AR top-2 logit margin {m}", file=file)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -242,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print_table(report)
+    print_divergences(report)
     print(f"wrote {', '.join(str(p) for p in paths)}", file=sys.stderr)
     return 0
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from decode.evaluate import EvalConfig, evaluate, make_run
+from decode.evaluate import EvalConfig, evaluate, make_run, print_divergences
 from decode.prompts import Conversation, load_prompts
 from decode.report import write_report
 from decode.target import Target
@@ -111,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"{turns}), {args.max_new_tokens} new tokens, greedy, {args.dtype}, {args.threads} thread(s); "
                     f"chain k={args.draft_len} unless @tree; interleaved timing")
         print_categories(report)
+        print_divergences(report)
     print("\nvs AR: total tokens/s over our AR's in the same run; spread: that ratio per conversation. "
           "@20s: projected speedup vs AR at a 20 s target pass (measured tau and drafting cost).")
     return 0

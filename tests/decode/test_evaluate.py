@@ -272,3 +272,36 @@ def test_timing_is_interleaved_by_conversation_with_sequential_seeds(stories, tm
         assert len(d["speedup_vs_ar_per_conversation"]) == 3
     ratios = {d["name"]: d["speedup_vs_ar_per_conversation"] for d in report["drafters"]}
     assert ratios == {"ar": [1.0] * 3, "a": [2.0] * 3, "b": [0.5] * 3}
+
+
+class FlipRunner:
+    """AR's answer with token `at` replaced: a greedy row that diverges at a known place."""
+
+    name, kind = "flip", "draftsmith"
+
+    def __init__(self, ar, at: int) -> None:
+        self.ar, self.at = ar, at
+
+    def run(self, prompt_ids, max_new_tokens, sampling, seed) -> Generation:
+        gen = self.ar.run(prompt_ids, max_new_tokens, sampling, seed)
+        toks = list(gen.tokens)
+        if len(toks) > self.at:
+            toks[self.at] = (toks[self.at] + 1) % 512
+        return Generation(toks, gen.stats)
+
+
+def test_divergence_reports_position_and_ar_top2_margin(stories, tmp_path):
+    cfg = EvalConfig(max_new_tokens=10, warmup=False)
+    ar = make_run("ar", stories, cfg)
+    convs = load_prompts(prompt_file(tmp_path))[:2]  # the second has two turns: only its first is examined
+    report = evaluate(stories, [("ar", ar), ("flip", FlipRunner(ar, 4))], convs, cfg, progress=False)
+    flip = report["drafters"][1]
+    assert flip["matches_ar"] is False and "divergences" not in report["drafters"][0]
+    div = flip["divergences"]
+    assert [(v["conversation"], v["turn"], v["position"]) for v in div] == [("1", 0, 4), ("2", 0, 4)]
+    prompt = stories.tokenizer(convs[0].turns[0], return_tensors="pt").input_ids[0]
+    ar_tokens = ar.run(prompt, 10, cfg.sampling, cfg.seed).tokens
+    top = stories.forward(torch.cat([prompt, torch.tensor(ar_tokens[:4])]), None).logits[-1].topk(2).values
+    assert div[0]["ar_token"] == ar_tokens[4]
+    assert div[0]["ar_top2_margin"] == pytest.approx(float(top[0] - top[1]))
+    assert all(v["ar_top2_margin"] > 0 and v["got_token"] == (v["ar_token"] + 1) % 512 for v in div)
