@@ -11,7 +11,7 @@ row order rotated per conversation; the table gives each row's overall tokens/s 
 median [min, max] of the per-conversation ratios (the spread).
 
     python scripts/bench_chat.py [--target DIR] [--suite mt-bench|spec-bench|both] [--limit N]
-        [--first-turn-only] [--max-new-tokens N] [--dtype float32|bfloat16] [--threads 1]
+        [--per-category N] [--first-turn-only] [--max-new-tokens N] [--dtype float32|bfloat16] [--threads 1]
         [--tree dynamic:topk=8,depth=6,nodes=24] [--out DIR] [TRAINED_DRAFTER_DIR ...]
 """
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -42,6 +43,17 @@ def row_specs(untrained: list[str], trained: list[str], tree: str) -> list[str]:
     for d in trained:
         specs += [d, f"{d}@{tree}"]
     return specs + PEERS
+
+
+def first_per_category(convs: list[Conversation], n: int) -> list[Conversation]:
+    """The first n conversations of each category, in file order."""
+    seen: Counter[str] = Counter()
+    out = []
+    for c in convs:
+        if seen[c.category] < n:
+            out.append(c)
+            seen[c.category] += 1
+    return out
 
 
 def print_table(report: dict, title: str, file=sys.stdout) -> None:
@@ -74,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", default=str(REPO / "recipes/targets/smollm2-135m-instruct"))
     ap.add_argument("--suite", choices=["mt-bench", "spec-bench", "both"], default="both")
     ap.add_argument("--limit", type=int, default=None, help="only the first N conversations of each suite")
+    ap.add_argument("--per-category", type=int, default=None, metavar="N",
+                    help="only the first N conversations of each category (a cheaper run that still covers them all)")
     ap.add_argument("--first-turn-only", action="store_true", help="MT-bench: decode only the first turn")
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--draft-len", type=int, default=8)
@@ -100,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     suites = ["mt-bench", "spec-bench"] if args.suite == "both" else [args.suite]
     for suite in suites:
         convs = load_prompts(SUITES[suite], args.limit)
+        if args.per_category:
+            convs = first_per_category(convs, args.per_category)
         if args.first_turn_only:
             convs = [Conversation(c.id, c.category, c.turns[:1]) for c in convs]
         meta = {"target": args.target, "prompts": str(SUITES[suite]), "dtype": args.dtype}
