@@ -4,7 +4,8 @@ For each drafter SPEC, on the same chat prompts (MT-bench first turns, the chat 
 1. phase split from the decoder's own clocks (GenStats): ms per round in draft / verify / commit, and
    the prefill, with the mean number of tokens a verify pass covers;
 2. the verify pass cost vs tokens (decode.costmodel's curve, after a chat-length prefix), so a tree
-   size can be read against what it costs;
+   size can be read against what it costs, and the verify step with the LM head on every row (how
+   the decoder verified before) vs on the visited rows only (decode.verify.LazyRows), alternated;
 3. the top ops by self CPU time (torch.profiler over one more generation), grouped by input shape —
    the LM head over 49k words, attention, the MLP matmuls, mask and cache bookkeeping.
 
@@ -15,7 +16,9 @@ For each drafter SPEC, on the same chat prompts (MT-bench first turns, the chat 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -27,6 +30,8 @@ from decode.generate import encode_prompt
 from decode.metrics import GenStats
 from decode.prompts import load_prompts, render_turn
 from decode.target import Target
+from decode.tree import DraftTree
+from decode.verify import LazyRows, verify_greedy
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -42,6 +47,29 @@ def phase_row(name: str, stats: list[GenStats]) -> str:
     return (f"{name:<44} {tot.rounds:>6} {ms[0]:>8.1f} {ms[1]:>8.1f} {ms[2]:>8.1f} {other:>7.1f} "
             f"{1000 * tot.prefill_s / len(stats):>8.0f} {tot.draft_nodes / rounds + 1:>8.1f} {tot.tau:>5.2f} "
             f"{tot.tokens_per_s:>7.1f}")
+
+
+@torch.inference_mode()
+def head_ab(target: Target, n: int, prefix: int, repeats: int = 5) -> tuple[float, float]:
+    """Median seconds of pass + greedy verification of a chain of n - 1 random drafts, the LM head on every
+    row vs through LazyRows (random drafts are rejected at once: the root row alone is visited)."""
+    g = torch.Generator().manual_seed(0)
+    cache = target.new_cache()
+    target.prefill(torch.randint(target.vocab_size, (prefix,), generator=g), cache)
+    tree = DraftTree.chain(torch.randint(target.vocab_size, (n - 1,), generator=g))
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for r in range(2 * repeats + 2):
+        lazy = bool(r % 2)
+        t0 = time.perf_counter()
+        out = target.forward_tree(1, tree, cache, logits=not lazy)
+        if lazy:
+            verify_greedy(tree, LazyRows(lambda h: target.head(h).argmax(-1), out.last))
+        else:
+            verify_greedy(tree, out.logits.argmax(-1))
+        if r >= 2:  # the first pair warms up
+            times[lazy].append(time.perf_counter() - t0)
+        cache.crop(prefix)
+    return statistics.median(times[False]), statistics.median(times[True])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,6 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     ns = tuple(int(x) for x in args.tokens.split(","))
     curve = measure_pass_cost(target, ns, prefix=args.prefix, repeats=3)
     print(f"\nverify pass cost after {args.prefix} cached tokens:\n{format_curve(curve)}")
+
+    # 2b. the verify step with the LM head over every row (before) vs the visited rows only (now), alternated.
+    print(f"\n{'verify step (ms), alternated':<30} {'head on all rows':>17} {'visited rows only':>18} {'saved':>6}")
+    for n in ns:
+        full, lazy = head_ab(target, n, args.prefix)
+        print(f"{n:>3} verified tokens{'':<14} {1000 * full:>17.1f} {1000 * lazy:>18.1f} {1 - lazy / full:>6.0%}")
 
     # 3. the ops inside one generation per SPEC.
     for spec, r in runners:
