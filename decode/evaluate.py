@@ -91,6 +91,14 @@ def make_run(spec: str, target: Target, cfg: EvalConfig) -> Runner:
         raise
 
 
+def warm_up(runners: list[Runner], target: Target, conv: Conversation, cfg: EvalConfig) -> None:
+    """One short untimed generation per runner on the conversation's first turn (lazy init, allocator)."""
+    text, special = render_turn(target.tokenizer, conv.turns, [])
+    ids = encode_prompt(target, text, special)
+    for r in runners:
+        r.run(ids, min(8, cfg.max_new_tokens), cfg.sampling, cfg.seed)
+
+
 def run_spec(runner: Runner, target: Target, convs: list[Conversation], cfg: EvalConfig, spec: str = "",
              progress: bool = True, first_turn: int = 0) -> SpecRun:
     """Decode every turn of every conversation with one runner (a DecoderRun or an HFPeer).
@@ -99,8 +107,7 @@ def run_spec(runner: Runner, target: Target, convs: list[Conversation], cfg: Eva
     """
     tok = target.tokenizer
     if cfg.warmup and convs:
-        text, special = render_turn(tok, convs[0].turns, [])
-        runner.run(encode_prompt(target, text, special), min(8, cfg.max_new_tokens), cfg.sampling, cfg.seed)
+        warm_up([runner], target, convs[0], cfg)
     turns: list[TurnResult] = []
     bar = tqdm(total=sum(len(c.turns) for c in convs), desc=runner.name, unit="turn", disable=not progress,
                file=sys.stderr, dynamic_ncols=True)
@@ -130,17 +137,14 @@ def interleaved(target: Target, runners: list[tuple[str, Runner]], convs: list[C
                 progress: bool = True) -> tuple[list[SpecRun], dict[str, list[float]]]:
     """Every runner on every conversation, conversation by conversation (rotated order); runners[0] is AR.
 
-    1. one untimed warm-up per runner (lazy init, allocator) unless cfg.warmup is off;
+    1. one untimed warm-up per runner (`warm_up`) unless cfg.warmup is off;
     2. conversation by conversation, every runner decodes that conversation (all its turns) back to
        back, the order rotated by one per conversation so no runner always runs first or last;
     3. per conversation, each runner's tokens/s is divided by AR's on that same conversation.
     Returns the runs (turns in conversation order, as `build_report` expects) and those ratios.
     """
     if cfg.warmup and convs:
-        text, special = render_turn(target.tokenizer, convs[0].turns, [])
-        warm = encode_prompt(target, text, special)
-        for _, r in runners:
-            r.run(warm, min(8, cfg.max_new_tokens), cfg.sampling, cfg.seed)
+        warm_up([r for _, r in runners], target, convs[0], cfg)
     cold = replace(cfg, warmup=False)
     turns: dict[str, list[TurnResult]] = {spec: [] for spec, _ in runners}
     ratios: dict[str, list[float]] = {spec: [] for spec, _ in runners}
