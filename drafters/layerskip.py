@@ -31,15 +31,15 @@ from drafters.early_exit import early_exit
 from drafters.losses import (
     ahead,
     conditional_accuracy,
+    distill_rows,
     exit_curriculum,
     exit_loss_scales,
     hard_ce,
     in_topk,
-    kl_to,
     layer_dropout_rates,
     masked_mean,
     next_valid,
-    target_distribution,
+    teacher_argmax,
 )
 
 ADAPTER = "draftsmith_layerskip"  # peft adapter name inside the target's modules
@@ -229,7 +229,7 @@ class LayerSkip(nn.Module):
         """Early-exit loss: sum over the exits the curriculum turns on of scale_E * loss_E (KL or CE)."""
         cfg, L = self.config, self.target.num_layers
         valid = next_valid(batch)
-        probs, argmax = target_distribution(batch, self.target.lm_head, L)
+        argmax = teacher_argmax(batch, self.target.lm_head, L)
         on = exit_curriculum(cfg.curriculum, step, len(cfg.exits), cfg.curriculum_steps, cfg.rotation_every,
                              cfg.gradual_fraction)
         scales = exit_loss_scales(cfg.exits, cfg.scale, on)
@@ -239,7 +239,8 @@ class LayerSkip(nn.Module):
                 continue
             h = self.early_states(batch) if cfg.mode == "lora" else batch["hidden"][e]
             logits = self.exit_logits(e, h)
-            per_row = kl_to(logits, probs) if cfg.loss == "kl" else hard_ce(logits, ahead(batch["input_ids"], 1))
+            per_row = (distill_rows([logits], [0], batch, self.target.lm_head, L, "kl")[0] if cfg.loss == "kl"
+                       else hard_ce(logits, ahead(batch["input_ids"], 1)))
             loss_e = masked_mean(per_row, valid)
             total = total + scale * loss_e
             metrics[f"{cfg.loss}_exit{e}"] = float(loss_e.detach())
@@ -255,7 +256,7 @@ class LayerSkip(nn.Module):
         (self-distilled data): then accepted drafts are exactly the batch's tokens.
         """
         cfg = self.config
-        _, argmax = target_distribution(batch, self.target.lm_head, self.target.num_layers)
+        argmax = teacher_argmax(batch, self.target.lm_head, self.target.num_layers)
         h = self.early_states(batch) if cfg.mode == "lora" else batch["hidden"][cfg.draft_exit]
         correct = in_topk(self.exit_logits(cfg.draft_exit, h), argmax, topk)
         valid = next_valid(batch)

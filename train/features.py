@@ -50,6 +50,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
+from decode.precision import bf16_reason, resolve_dtype
 from decode.target import Target
 from train.batch import collate
 from train.cache import CacheError, FeatureCache, check_existing, shard_name, write_index, write_shard
@@ -121,8 +122,30 @@ class OnlineFeatures:
 
 
 def load_target(recipe: Recipe, device: str | torch.device = "cpu") -> Target:
+    """The frozen target in features.target_dtype (`auto`: bf16 where the hardware has it, else fp32)."""
     fc = recipe.features
-    return Target.load(recipe.target, dtype=fc.target_dtype, attn=fc.attn, device=str(device))
+    dtype, _ = resolve_dtype(fc.target_dtype, bf16_reason(device))
+    return Target.load(recipe.target, dtype=dtype, attn=fc.attn, device=str(device))
+
+
+def resolve_precision(recipe: Recipe, device: str | torch.device = "cpu") -> tuple[Recipe, str]:
+    """The recipe with its `auto` precisions made concrete for `device` (the frozen target's dtype, the
+    drafter's autocast), and the one line that says what was chosen and why."""
+    native = bf16_reason(device)
+    dtype, why_t = resolve_dtype(recipe.features.target_dtype, native)
+    mp = recipe.train.mixed_precision
+    why_m = "requested" if mp != "auto" else native or "no native bf16 here"
+    if mp == "auto":
+        mp = "bf16" if native else "no"
+    short_t = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(dtype, dtype)
+    short_m = "bf16" if mp == "bf16" else "fp32"
+    if (short_t, why_t) == (short_m, why_m):
+        line = f"precision: {short_t} ({why_t})"
+    else:
+        line = f"precision: target {short_t} ({why_t}), drafter {short_m} ({why_m})"
+    recipe = dataclasses.replace(recipe, features=dataclasses.replace(recipe.features, target_dtype=dtype),
+                                 train=dataclasses.replace(recipe.train, mixed_precision=mp))
+    return recipe, line
 
 
 def prepare_data(recipe: Recipe, target: Target, dist: Dist | None = None,
@@ -308,6 +331,9 @@ def run(recipe: Recipe) -> int:
     torch.manual_seed(recipe.seed)
     if recipe.train.threads:  # the recipe's CPU thread count applies to extraction too
         torch.set_num_threads(recipe.train.threads)
+    recipe, line = resolve_precision(recipe, state.device)
+    if state.is_main_process:
+        print(line, flush=True)
     if recipe.features.mode == "online":
         print("[features] features.mode=online: the target runs inside each training step; nothing to extract "
               "(data preparation still checked)", file=sys.stderr)
