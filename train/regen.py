@@ -168,25 +168,34 @@ def round_seed(seed: int, shard: int, round_: int) -> int:
     return ((seed * 1_000_003 + shard) * 1_009 + round_) % (1 << 31)
 
 
+def vllm_job(target: Target, contexts: list[list[int]], cfg: RegenConfig, stop: list[int], seed: int) -> dict:
+    """The job file of train/vllm_regen_worker.py: these contexts under the hf path's settings, one seed."""
+    room = [min(cfg.max_new_tokens, target.max_positions - len(c)) for c in contexts]
+    if min(room) < 1:
+        raise ValueError(f"a regeneration context of {max(map(len, contexts))} tokens leaves no room under the "
+                         f"target's {target.max_positions} positions; lower data.max_length or shorten the prompts")
+    model = Path(target.name_or_path)
+    return {"target": str(model.resolve()) if model.exists() else str(model),
+            "dtype": {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(target.dtype, "float32"),
+            "seed": seed, "prompts": contexts, "max_tokens": room,
+            "max_model_len": min(target.max_positions, max(len(c) + n for c, n in zip(contexts, room))),
+            "temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": cfg.top_k, "stop_token_ids": stop}
+
+
+def vllm_replies(result: dict, stop: list[int]) -> list[list[int]]:
+    """The worker's outputs as replies: each ends with the stop token that ended it (as on the hf path),
+    whether vLLM kept that token in its output or not."""
+    return [cut_at_stop(ids + ([why] if why in stop and (not ids or ids[-1] != why) else []), stop)
+            for ids, why in zip(result["outputs"], result["stop_reasons"])]
+
+
 def vllm_rounds(target: Target, py: Path, cfg: RegenConfig, stop: list[int], seed: int, shard: int, work: Path,
                 on_batch: Callable[[int, int], None]) -> SampleRound:
     """vLLM in its own python (drafters/vllm_env.py): a round's contexts all go in one job, ids in and out."""
-    model = Path(target.name_or_path)
-    dtype = {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(target.dtype, "float32")
 
     def run(contexts: list[list[int]], round_: int) -> list[list[int]]:
-        room = [min(cfg.max_new_tokens, target.max_positions - len(c)) for c in contexts]
-        if min(room) < 1:
-            raise ValueError(f"a regeneration context of {max(map(len, contexts))} tokens leaves no room under the "
-                             f"target's {target.max_positions} positions; lower data.max_length or shorten the prompts")
-        job = {"target": str(model.resolve()) if model.exists() else str(model), "dtype": dtype,
-               "seed": round_seed(seed, shard, round_), "prompts": contexts, "max_tokens": room,
-               "max_model_len": min(target.max_positions, max(len(c) + n for c, n in zip(contexts, room))),
-               "temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": cfg.top_k, "stop_token_ids": stop}
-        res = run_worker(py, VLLM_WORKER, job, work)
-        # a reply ends with the stop token that ended it (as on the hf path), whether vLLM kept it or not
-        gens = [cut_at_stop(ids + ([why] if why in stop and (not ids or ids[-1] != why) else []), stop)
-                for ids, why in zip(res["outputs"], res["stop_reasons"])]
+        job = vllm_job(target, contexts, cfg, stop, round_seed(seed, shard, round_))
+        gens = vllm_replies(run_worker(py, VLLM_WORKER, job, work), stop)
         on_batch(len(contexts), sum(map(len, gens)))
         return gens
 

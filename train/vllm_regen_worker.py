@@ -27,8 +27,13 @@ def sampling_params(job: dict, max_tokens: int):
     knobs = {"temperature": job["temperature"], "top_p": job["top_p"]}
     if job["top_k"] > 0:
         knobs["top_k"] = job["top_k"]
-    return SamplingParams(max_tokens=max_tokens, stop_token_ids=job["stop_token_ids"], ignore_eos=True,
-                          detokenize=False, **knobs)
+    return SamplingParams(
+        max_tokens=max_tokens,
+        stop_token_ids=job["stop_token_ids"],
+        ignore_eos=True,
+        detokenize=False,
+        **knobs,
+    )
 
 
 def main() -> int:
@@ -37,16 +42,26 @@ def main() -> int:
         job = json.load(f)
     import vllm
 
-    llm = vllm.LLM(model=job["target"], dtype=job["dtype"], seed=job["seed"], max_model_len=job["max_model_len"],
-                   enforce_eager=True, skip_tokenizer_init=True)
+    llm = vllm.LLM(
+        model=job["target"],
+        dtype=job["dtype"],
+        seed=job["seed"],
+        max_model_len=job["max_model_len"],
+        enforce_eager=True,
+        skip_tokenizer_init=True,
+    )
     prompts = [{"prompt_token_ids": ids} for ids in job["prompts"]]
     params = [sampling_params(job, n) for n in job["max_tokens"]]
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     seconds = time.perf_counter() - t0
     reasons = [o.outputs[0].stop_reason for o in outs]
-    result = {"vllm_version": vllm.__version__, "outputs": [list(o.outputs[0].token_ids) for o in outs],
-              "stop_reasons": [r if isinstance(r, int) else None for r in reasons], "seconds": seconds}
+    result = {
+        "vllm_version": vllm.__version__,
+        "outputs": [list(o.outputs[0].token_ids) for o in outs],
+        "stop_reasons": [r if isinstance(r, int) else None for r in reasons],
+        "seconds": seconds,
+    }
     with open(result_path, "w") as f:
         json.dump(result, f)
     return 0

@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parents[2]
 MT_BENCH = REPO / "recipes" / "data" / "mt_bench_question.jsonl"
 CFG = RegenConfig(enabled=True, num_samples=10, max_new_tokens=12, shard_size=4, stop_ids=[1], engine="vllm")
 
-FAKE_VLLM = '''
+FAKE_VLLM = """
 import json, os, random
 __version__ = "0.0-fake"
 
@@ -48,7 +48,7 @@ class LLM:
             out = type("O", (), {"token_ids": ids, "stop_reason": why})
             outs.append(type("R", (), {"outputs": [out]}))
         return outs
-'''
+"""
 
 
 @pytest.fixture
@@ -60,7 +60,7 @@ def fake_side_venv(tmp_path, monkeypatch):
     (tmp_path / "fake" / "vllm").mkdir(parents=True)
     (tmp_path / "fake" / "vllm" / "__init__.py").write_text(FAKE_VLLM)
     py = venv / "bin" / "python"
-    py.write_text(f"#!/bin/sh\nPYTHONPATH={tmp_path / 'fake'} exec {sys.executable} \"$@\"\n")
+    py.write_text(f'#!/bin/sh\nPYTHONPATH={tmp_path / "fake"} exec {sys.executable} "$@"\n')
     py.chmod(0o755)
     (venv / ".draftsmith-ok").write_text("fake\n")
     log = tmp_path / "vllm_calls.jsonl"
@@ -78,7 +78,9 @@ def shards(out: Path) -> dict[str, str]:
     return {p.name: p.read_text() for p in sorted(out.glob("shard_*.jsonl"))}
 
 
-def test_vllm_shards_are_one_job_each_resumable_and_keep_the_stop_token(stories, tmp_path, fake_side_venv, capsys):
+def test_vllm_shards_are_one_job_each_resumable_and_keep_the_stop_token(
+    stories, tmp_path, fake_side_venv, capsys
+):
     out = regenerate(stories, None, dataclasses.replace(CFG, out_dir=str(tmp_path / "a")), 3, True, None)
     assert "[regen] engine vllm" in capsys.readouterr().out
     made = calls(fake_side_venv)
@@ -86,7 +88,9 @@ def test_vllm_shards_are_one_job_each_resumable_and_keep_the_stop_token(stories,
     assert [len(c["prompts"]) for c in made] == [4, 4, 2]
     assert [c["seed"] for c in made] == [round_seed(3, s, 0) for s in range(3)]
     assert made[0]["model"] == str(Path(stories.name_or_path).resolve()) and made[0]["dtype"] == "float32"
-    assert made[0]["knobs"][0][:3] == [1.0, 1.0, 12] and made[0]["knobs"][0][3][0] == 1  # T, top-p, max, stops
+    assert (
+        made[0]["knobs"][0][:3] == [1.0, 1.0, 12] and made[0]["knobs"][0][3][0] == 1
+    )  # T, top-p, max, stops
     rows = [json.loads(x) for text in shards(out).values() for x in text.splitlines()]
     assert len(rows) == 10
     for r in rows:
@@ -103,7 +107,9 @@ def test_vllm_shards_are_one_job_each_resumable_and_keep_the_stop_token(stories,
     assert shards(out) == before and [c["seed"] for c in calls(fake_side_venv)[3:]] == [round_seed(3, 1, 0)]
     # the same directory with the other engine is refused, not silently mixed
     with pytest.raises(ValueError, match="different engine"):
-        regenerate(stories, None, dataclasses.replace(CFG, out_dir=str(tmp_path / "a"), engine="hf"), 3, True, None)
+        regenerate(
+            stories, None, dataclasses.replace(CFG, out_dir=str(tmp_path / "a"), engine="hf"), 3, True, None
+        )
 
 
 def test_vllm_chat_turns_go_round_by_round(chat_target_dir, tmp_path, fake_side_venv):
@@ -119,15 +125,18 @@ def test_vllm_chat_turns_go_round_by_round(chat_target_dir, tmp_path, fake_side_
         assert [m["content"] for m in r["messages"][::2]] == [m["content"] for m in q["messages"]]
         # round 2's context is the template over the first question, the target's own reply, the second question
         tok = target.tokenizer
-        rendered = tok.apply_chat_template(r["messages"][:3], tokenize=False, add_generation_prompt=True,
-                                           enable_thinking=False)
+        rendered = tok.apply_chat_template(
+            r["messages"][:3], tokenize=False, add_generation_prompt=True, enable_thinking=False
+        )
         assert ctx == list(tok(rendered, add_special_tokens=False)["input_ids"])
 
 
 def test_auto_without_vllm_is_hf_with_the_build_command(stories, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("DRAFTSMITH_HOME", str(tmp_path / "empty"))
     monkeypatch.setattr(regen, "vllm_in_this_env", lambda: False)
-    monkeypatch.setattr(regen, "find_engine_python", lambda: (None, f"no side venv ({BUILD_COMMAND} builds it)"))
+    monkeypatch.setattr(
+        regen, "find_engine_python", lambda: (None, f"no side venv ({BUILD_COMMAND} builds it)")
+    )
     cfg = dataclasses.replace(CFG, num_samples=2, engine="auto", out_dir=str(tmp_path / "h"))
     out = regenerate(stories, None, cfg, 0, True, None)
     lines = [x for x in capsys.readouterr().out.splitlines() if "engine" in x]
@@ -143,7 +152,9 @@ def test_auto_and_vllm_respect_the_cpu_head_size(stories, tmp_path, fake_side_ve
     assert "engine auto: hf — vLLM's CPU build refuses head_dim < 32" in capsys.readouterr().out
     assert calls(fake_side_venv) == []
     with pytest.raises(ValueError, match="refuses this target's head size"):
-        regenerate(stories, None, dataclasses.replace(cfg, engine="vllm", out_dir=str(tmp_path / "v")), 0, True, None)
+        regenerate(
+            stories, None, dataclasses.replace(cfg, engine="vllm", out_dir=str(tmp_path / "v")), 0, True, None
+        )
 
 
 def test_length_batches_never_pad_a_short_context_beside_a_long_one():
