@@ -83,13 +83,20 @@ def chunk_rows(batch_size: int, vocab: int, budget: int = CHUNK_ELEMENTS) -> int
     return max(1, budget // max(1, batch_size * vocab))
 
 
+def head_rows(lm_head: torch.nn.Linear, vocab_ids: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+    """The LM head's weight [V', H] and bias [V'] rows for `vocab_ids` (all of them when None)."""
+    if vocab_ids is None:
+        return lm_head.weight, lm_head.bias
+    return lm_head.weight[vocab_ids], None if lm_head.bias is None else lm_head.bias[vocab_ids]
+
+
 def teacher_probs(batch: dict, lm_head: torch.nn.Linear, num_layers: int, start: int, stop: int,
-                  vocab_ids: Tensor | None = None) -> Tensor:
+                  vocab_ids: Tensor | None = None, rows: tuple[Tensor, Tensor | None] | None = None) -> Tensor:
     """P_t for rows start <= t < stop, over the vocabulary or the sub-vocabulary `vocab_ids` (renormalised);
     rows past the end of the batch are all-zero (as `ahead` fills). -> [B, stop - start, V'] fp32
 
     From the batch's top-k (`topk_ids`/`topk_probs` [B, T, k]) when present, else softmax of the frozen
-    LM head on hidden[num_layers] (post-norm).
+    LM head on hidden[num_layers] (post-norm); `rows` = head_rows(lm_head, vocab_ids) when the caller has them.
     """
     src = batch["topk_ids"] if "topk_ids" in batch else batch["hidden"][num_layers]
     end = min(stop, src.shape[1])
@@ -102,8 +109,7 @@ def teacher_probs(batch: dict, lm_head: torch.nn.Linear, num_layers: int, start:
         probs = dense / dense.sum(-1, keepdim=True).clamp(min=1e-12)
     else:
         h = batch["hidden"][num_layers][:, start:end]
-        w = lm_head.weight if vocab_ids is None else lm_head.weight[vocab_ids]  # softmax over V' = renormalised
-        bias = None if lm_head.bias is None else lm_head.bias if vocab_ids is None else lm_head.bias[vocab_ids]
+        w, bias = rows or head_rows(lm_head, vocab_ids)  # softmax over V' rows = renormalised over V'
         with torch.no_grad():
             probs = torch.softmax(F.linear(h.to(w.dtype), w, bias).float(), dim=-1)
     if end < stop:  # past the end: no next token, no distribution
@@ -124,25 +130,35 @@ def teacher_argmax(batch: dict, lm_head: torch.nn.Linear, num_layers: int, chunk
 
 
 class _DistillRows(torch.autograd.Function):
-    """Per-row soft-CE (or KL) of logits against probs, saving only d loss/d logits in the logits' dtype.
+    """Per-row soft-CE (or KL) of several logits [B, T, V'] against a teacher built a chunk of rows at a time.
 
-    -sum_v p log softmax(l) has gradient softmax(l) * sum(p) - p; computing it in the forward means the
-    fp32 log-softmax of the chunk need not be kept for the backward.
+    -sum_v p log softmax(l) has gradient softmax(l) * sum(p) - p: it is written chunk by chunk into one
+    tensor per output in the logits' dtype during the forward, so neither the fp32 log-softmax nor the
+    teacher is kept for the backward (and no per-chunk slice gradient is ever the size of the logits).
     """
 
     @staticmethod
-    def forward(ctx, logits: Tensor, probs: Tensor, kl: bool) -> Tensor:
-        logq = torch.log_softmax(logits.float(), dim=-1)
-        rows = -(probs * logq).sum(-1)
-        if kl:
-            rows = rows + torch.xlogy(probs, probs).sum(-1)
-        ctx.save_for_backward((logq.exp() * probs.sum(-1, keepdim=True) - probs).to(logits.dtype))
-        return rows
+    def forward(ctx, teacher: Callable[[int, int], Tensor], shifts: Sequence[int], chunk: int, kl: bool,
+                *logits: Tensor) -> tuple[Tensor, ...]:
+        b, T, _ = logits[0].shape
+        lo, hi = min(shifts), max(shifts)
+        rows = [x.new_zeros(b, T, dtype=torch.float32) for x in logits]
+        grads = [torch.empty_like(x) for x in logits]
+        for a in range(0, T, chunk):
+            c = min(chunk, T - a)
+            probs = teacher(a + lo, a + c + hi)  # [B, c + hi - lo, V'] fp32
+            for x, k, r, g in zip(logits, shifts, rows, grads):
+                p = probs[:, k - lo : k - lo + c]
+                logq = torch.log_softmax(x[:, a : a + c].float(), dim=-1)
+                r[:, a : a + c] = -(p * logq).sum(-1) + (torch.xlogy(p, p).sum(-1) if kl else 0.0)
+                g[:, a : a + c] = logq.exp_() * p.sum(-1, keepdim=True) - p
+        ctx.save_for_backward(*grads)
+        return tuple(rows)
 
     @staticmethod
-    def backward(ctx, grad_rows: Tensor) -> tuple[Tensor, None, None]:
-        (grad,) = ctx.saved_tensors
-        return grad * grad_rows[..., None].to(grad.dtype), None, None
+    def backward(ctx, *grad_rows: Tensor) -> tuple[Tensor | None, ...]:
+        grads = ctx.saved_tensors
+        return None, None, None, None, *(g * gr[..., None].to(g.dtype) for g, gr in zip(grads, grad_rows))
 
 
 def distill_rows(logits: Sequence[Tensor], shifts: Sequence[int], batch: dict, lm_head: torch.nn.Linear,
@@ -155,16 +171,13 @@ def distill_rows(logits: Sequence[Tensor], shifts: Sequence[int], batch: dict, l
     """
     if kind not in ("soft_ce", "kl"):
         raise ValueError(f"distillation loss {kind!r} not one of ['kl', 'soft_ce']")
-    b, T, v = logits[0].shape
-    chunk = chunk or chunk_rows(b, v)
-    lo, hi = min(shifts), max(shifts)
-    out: list[list[Tensor]] = [[] for _ in logits]
-    for a in range(0, T, chunk):
-        c = min(chunk, T - a)
-        probs = teacher_probs(batch, lm_head, num_layers, a + lo, a + c + hi, vocab_ids)  # [B, c + hi - lo, V']
-        for i, (x, k) in enumerate(zip(logits, shifts)):
-            out[i].append(_DistillRows.apply(x[:, a: a + c], probs[:, k - lo: k - lo + c], kind == "kl"))
-    return [torch.cat(rows, 1) for rows in out]
+    b, _, v = logits[0].shape
+    rows = None if "topk_ids" in batch else head_rows(lm_head, vocab_ids)  # sliced once, not per chunk
+
+    def teacher(start: int, stop: int) -> Tensor:
+        return teacher_probs(batch, lm_head, num_layers, start, stop, vocab_ids, rows)
+
+    return list(_DistillRows.apply(teacher, list(shifts), chunk or chunk_rows(b, v), kind == "kl", *logits))
 
 
 # --- LayerSkip: exit-loss scales and curricula ---------------------------------------------------
