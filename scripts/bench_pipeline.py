@@ -46,7 +46,7 @@ from drafters.vllm_env import cpu_head_dim_ok, find_engine_python, run_worker, v
 from train.config import load_recipe  # noqa: E402
 from train.data import RegenConfig  # noqa: E402
 from train.features import compute_features  # noqa: E402
-from train.regen import VLLM_WORKER, hf_rounds, start_prefix, vllm_job, vllm_replies  # noqa: E402
+from train.regen import VLLM_WORKER, hf_rounds, start_prefix, vllm_job, vllm_replies, worker_env  # noqa: E402
 from train.tokens import has_template, render  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -121,7 +121,7 @@ def bench_regen_vllm(
     if not (vllm_in_this_env() or cpu_head_dim_ok(target.config)):
         return "vLLM's CPU build refuses head_dim < 32"
     t0 = time.perf_counter()
-    res = run_worker(py, VLLM_WORKER, vllm_job(target, contexts, cfg, stop, seed=0), work)
+    res = run_worker(py, VLLM_WORKER, vllm_job(target, contexts, cfg, stop, seed=0), work, env=worker_env())
     wall = time.perf_counter() - t0
     new = sum(map(len, vllm_replies(res, stop)))
     flops = 2 * non_embedding_params(target) * (sum(map(len, contexts)) + new)

@@ -189,13 +189,19 @@ def vllm_replies(result: dict, stop: list[int]) -> list[list[int]]:
             for ids, why in zip(result["outputs"], result["stop_reasons"])]
 
 
+def worker_env() -> dict[str, str]:
+    """The vLLM worker's threads = this process's torch threads (train.threads); 2 GiB of KV cache, the
+    size the regeneration measurement used (issue 18: 64 prompts at once)."""
+    return {"OMP_NUM_THREADS": str(torch.get_num_threads()), "VLLM_CPU_KVCACHE_SPACE": "2"}
+
+
 def vllm_rounds(target: Target, py: Path, cfg: RegenConfig, stop: list[int], seed: int, shard: int, work: Path,
                 on_batch: Callable[[int, int], None]) -> SampleRound:
     """vLLM in its own python (drafters/vllm_env.py): a round's contexts all go in one job, ids in and out."""
 
     def run(contexts: list[list[int]], round_: int) -> list[list[int]]:
         job = vllm_job(target, contexts, cfg, stop, round_seed(seed, shard, round_))
-        gens = vllm_replies(run_worker(py, VLLM_WORKER, job, work), stop)
+        gens = vllm_replies(run_worker(py, VLLM_WORKER, job, work, env=worker_env()), stop)
         on_batch(len(contexts), sum(map(len, gens)))
         return gens
 
