@@ -40,9 +40,11 @@ import datasets
 import torch
 from tqdm import tqdm
 
+from decode.errors import UserError
 from decode.target import Target
 from drafters.vllm_env import (
     MIN_CPU_HEAD_DIM,
+    SideVenvError,
     cpu_head_dim_ok,
     ensure_side_venv,
     find_engine_python,
@@ -201,7 +203,11 @@ def vllm_rounds(target: Target, py: Path, cfg: RegenConfig, stop: list[int], see
 
     def run(contexts: list[list[int]], round_: int) -> list[list[int]]:
         job = vllm_job(target, contexts, cfg, stop, round_seed(seed, shard, round_))
-        gens = vllm_replies(run_worker(py, VLLM_WORKER, job, work, env=worker_env()), stop)
+        try:
+            result = run_worker(py, VLLM_WORKER, job, work, env=worker_env())
+        except RuntimeError as e:  # the worker died: its last log line and the log's path say why
+            raise UserError(f"{e}; data.regenerate.engine=hf regenerates without vLLM") from None
+        gens = vllm_replies(result, stop)
         on_batch(len(contexts), sum(map(len, gens)))
         return gens
 
@@ -227,7 +233,13 @@ def choose_engine(setting: str, target: Target) -> tuple[str, Path | None, str]:
     if not cpu_ok:
         raise ValueError(f"data.regenerate.engine=vllm: vLLM's CPU build refuses this target's head size (< "
                          f"{MIN_CPU_HEAD_DIM}); use engine hf or auto")
-    return "vllm", py or ensure_side_venv(), f"[regen] engine vllm — {where if py else 'side venv built'}"
+    if py is None:
+        try:
+            py = ensure_side_venv()
+        except (SideVenvError, OSError, StopIteration) as e:  # StopIteration: pip downloaded no wheel
+            raise UserError(f"{e or 'cannot build the vLLM side venv'}; or set data.regenerate.engine=hf") from None
+        where = "the vLLM side venv, just built"
+    return "vllm", py, f"[regen] engine vllm — {where}"
 
 
 def generate_shard(tok, recs: list[dict | None], stop: list[int], use_template: bool, tpl: dict,

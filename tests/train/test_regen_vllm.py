@@ -162,3 +162,18 @@ def test_length_batches_never_pad_a_short_context_beside_a_long_one():
     assert length_batches(lengths, 3) == [[1, 6, 2], [4], [3, 0, 5]]  # 480 > 2 x 25 + 32 starts a batch
     assert length_batches(lengths, 2, max_ratio=100) == [[1, 6], [2, 4], [3, 0], [5]]
     assert sorted(j for b in length_batches(lengths, 4) for j in b) == list(range(7))
+
+
+def test_a_dead_worker_is_one_error_naming_its_log(stories, tmp_path, fake_side_venv):
+    from decode.errors import UserError
+
+    py = tmp_path / "home" / "vllm-cpu-venv" / "bin" / "python"
+    py.write_text("#!/bin/sh\necho 'RuntimeError: the engine refused this model'\nexit 3\n")
+    cfg = dataclasses.replace(CFG, num_samples=2, out_dir=str(tmp_path / "d"))
+    with pytest.raises(
+        UserError,
+        match=r"exited 3 without a result: RuntimeError: the engine refused this model "
+        r"\(log: .*vllm\.log\); data\.regenerate\.engine=hf",
+    ):
+        regenerate(stories, None, cfg, 0, True, None)
+    assert not list((tmp_path / "d").glob("shard_*.jsonl"))  # nothing written
