@@ -321,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"{r['stage']:<22} {r['dtype']:<5} {r['tokens_per_s']:>9.1f} {r['gflop_per_s']:>8.1f} "
                 f"{100 * r['fraction_of_peak']:>6.1f}"
+                + (f"  (+{r['startup_s']:.0f} s engine start-up, not in tok/s)" if "startup_s" in r else "")
             )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

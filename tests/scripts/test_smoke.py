@@ -77,10 +77,12 @@ def smoke_args(name: str, tmp: Path, chat: Path) -> tuple[list[str], str]:
             ["--stories", "4", "--max-new-tokens", "8", "--cli", "--out", str(tmp / "bf")],
             "bytes per token",
         ),
-        "bench_pipeline.py": (
+        "bench_pipeline.py": (  # the chat target: its regeneration contexts go through the chat template
             [
                 "--target",
-                STORIES,
+                str(chat),
+                "--recipes",
+                str(REPO / "recipes/stories260K"),
                 "--gemm-sizes",
                 "32",
                 "--regen-prompts",
