@@ -25,7 +25,7 @@ from torch import nn
 from decode.errors import TYPE_NAMES, load_safetensors, read_json
 from decode.protocol import Drafter
 from decode.target import Target
-from drafters.layouts import tokenizer_digest
+from drafters.serving.layouts.rules import tokenizer_digest
 
 FORMAT_VERSION = 1
 ADAPTER_DIR = "adapter"
@@ -35,9 +35,9 @@ FINGERPRINT_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_atten
 
 def drafter_kinds() -> dict[str, tuple[type, type]]:
     """kind -> (module class, config dataclass)."""
-    from drafters.eagle import Eagle1, Eagle1Config, Eagle3, Eagle3Config
-    from drafters.layerskip import LayerSkip, LayerSkipConfig
-    from drafters.medusa import Medusa, MedusaConfig
+    from drafters.trainable.eagle import Eagle1, Eagle1Config, Eagle3, Eagle3Config
+    from drafters.trainable.layerskip import LayerSkip, LayerSkipConfig
+    from drafters.trainable.medusa import Medusa, MedusaConfig
 
     return {"eagle1": (Eagle1, Eagle1Config), "eagle3": (Eagle3, Eagle3Config), "medusa": (Medusa, MedusaConfig),
             "layerskip": (LayerSkip, LayerSkipConfig)}

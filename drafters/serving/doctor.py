@@ -15,27 +15,25 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from drafters.checkpoint import (
+from drafters.serving.checkpoint import (
     ADAPTER_DIR,
     config_fingerprint,
     fingerprint_mismatch,
     native_shapes,
     skeleton_target,
 )
-from drafters.engine_dirs import read_config, weight_files
-from drafters.export import TOKENIZER_FILES, file_shapes, target_config
-from drafters.layouts import (
+from drafters.serving.engine_dirs import read_config, weight_files
+from drafters.serving.export import TOKENIZER_FILES, file_shapes, target_config
+from drafters.serving.layouts.formats import LAYER_PREFIX, detect_format, problems
+from drafters.serving.layouts.rules import (
     EMBEDDING_NOTE,
-    LAYER_PREFIX,
     SHARED_EMBEDDING,
     Problem,
     TargetFacts,
     capture_ids_hf,
-    detect_format,
     eagle3_engine,
     engine_ids,
     key_problems,
-    problems,
     tokenizer_digest,
 )
 

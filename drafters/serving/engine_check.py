@@ -8,7 +8,7 @@
    (EAGLE-3: speculators, and eagle3 written for vLLM; Medusa: medusa-vllm); an engine-layout directory
    is tried as it is;
 3. our decoder on the prompts' token ids: plain (ar) and with the drafter, a chain of --draft-len, greedy;
-4. vLLM on the same ids (drafters/vllm_worker.py, run by the side python): plain, and with each layout as
+4. vLLM on the same ids (drafters/serving/vllm_worker.py, run by the side python): plain, and with each layout as
    the speculative model, greedy, enforce_eager;
 5. side by side: output identical to plain decoding, drafts vs our rounds, mean acceptance length vs our
    tau per round, acceptance per position, tokens/s; `OUT/engine_check.json` and a table.
@@ -108,8 +108,8 @@ def ensure_side_venv(home: Path | None = None, log=None) -> Path:
 
 def export_layouts(drafter_dir: Path, target: str, out: Path) -> tuple[str, dict[str, Path]]:
     """(the drafter SPEC our decoder runs, {layout: directory vLLM gets})."""
-    from drafters.export import export, find_checkpoint
-    from drafters.layouts import detect_format
+    from drafters.serving.export import export, find_checkpoint
+    from drafters.serving.layouts.formats import detect_format
 
     cfg_path = drafter_dir / "config.json"
     fmt = detect_format(json.loads(cfg_path.read_text())) if cfg_path.is_file() else "native"
@@ -159,7 +159,7 @@ def tau_per_round(accepted: int, rounds: int) -> float:
 # --- 4. vLLM --------------------------------------------------------------------------------------------
 
 def run_worker(py: Path, job: dict, work: Path, timeout: int) -> dict:
-    """drafters/vllm_worker.py in the side venv on `job`; its result dict."""
+    """drafters/serving/vllm_worker.py in the side venv on `job`; its result dict."""
     work = work.resolve()  # the worker runs with cwd=work: a relative --out would be resolved twice
     work.mkdir(parents=True, exist_ok=True)
     (work / "job.json").write_text(json.dumps(job))

@@ -1,9 +1,9 @@
 """Import: drafter directories in serving-engine layouts -> draftsmith modules on a target (DESIGN §5).
 
 - EAGLE-3 in SGLang's layout (`LlamaForCausalLMEagle3`, the layout of EAGLE-3's own releases) or the
-  speculators layout (`Eagle3Speculator`) -> drafters.eagle.Eagle3, so published EAGLE-3 drafters can be
+  speculators layout (`Eagle3Speculator`) -> drafters.trainable.eagle.Eagle3, so published EAGLE-3 drafters can be
   evaluated with `--drafter DIR`;
-- Medusa in vLLM's layout (`MedusaModel`) -> drafters.medusa.Medusa.
+- Medusa in vLLM's layout (`MedusaModel`) -> drafters.trainable.medusa.Medusa.
 Weights are read from safetensors only (a pickled pytorch_model.bin is refused with a fix). Every
 problem that would change what the drafter computes here — another hidden size, vocabulary, attention
 shape, rope, capture ids out of range, wrong or missing tensors — is an error naming it; problems that
@@ -20,14 +20,8 @@ from torch import Tensor
 
 from decode.errors import load_safetensors, read_json
 from decode.target import Target
-from drafters.layouts import (
-    LAYER_PREFIX,
-    SHARED_EMBEDDING,
-    TargetFacts,
-    capture_ids_hf,
-    detect_format,
-    problems,
-)
+from drafters.serving.layouts.formats import LAYER_PREFIX, detect_format, problems
+from drafters.serving.layouts.rules import SHARED_EMBEDDING, TargetFacts, capture_ids_hf
 
 
 def read_config(path: Path) -> dict | None:
@@ -92,7 +86,7 @@ def draft_vocab(d2t: Tensor, t2d: Tensor, vocab: int, path: Path) -> None:
 
 def load_eagle3(path: Path, target: Target):
     """An EAGLE-3 directory (SGLang or speculators layout) as an Eagle3 module on `target`."""
-    from drafters.eagle import Eagle3, Eagle3Config
+    from drafters.trainable.eagle import Eagle3, Eagle3Config
 
     cfg = read_config(path)
     fmt = detect_format(cfg or {})
@@ -124,7 +118,7 @@ def load_eagle3(path: Path, target: Target):
 def load_medusa(path: Path, target: Target):
     """A vLLM-layout Medusa directory as a Medusa module on `target` (per-head matrices that all equal the
     target's LM head become the shared head; blocks without bias get zero biases, as vLLM computes)."""
-    from drafters.medusa import Medusa, MedusaConfig
+    from drafters.trainable.medusa import Medusa, MedusaConfig
 
     cfg = read_config(path)
     tensors = read_tensors(path)

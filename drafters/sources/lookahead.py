@@ -29,7 +29,7 @@ from torch import Tensor
 from decode.protocol import Budget, TargetStep
 from decode.target import SideRows, Target
 from decode.tree import DraftTree
-from drafters.prompt_lookup import trie
+from drafters.sources.prompt_lookup import trie
 
 
 def window_layout(window: int, ngram: int) -> tuple[list[tuple[int, int]], Tensor, Tensor]:

@@ -14,7 +14,7 @@ drafter, never in its state dict. Parameter and key names follow SGLang's EAGLE-
 `midlayer.*`, `norm`, `lm_head`, `d2t`, `t2d`) and EAGLE-1's (`fc`, `layers.0.*`).
 
 Training calls `module(batch, step)` (= `loss`), which returns (loss, metrics); `position_accuracy`
-is the eval; `drafter()` gives the decode-time object (drafters/eagle_drafter.py).
+is the eval; `drafter()` gives the decode-time object (drafters/trainable/eagle_drafter.py).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from decode.target import Target
-from drafters.draft_layer import (
+from drafters.trainable.draft_layer import (
     DraftLayer,
     LayerSizes,
     RMSNorm,
@@ -33,7 +33,7 @@ from drafters.draft_layer import (
     causal_padding_mask,
     positions_of,
 )
-from drafters.losses import (
+from drafters.trainable.losses import (
     ahead,
     conditional_accuracy,
     loss_metrics,
@@ -182,7 +182,7 @@ class _Eagle(nn.Module):
 
     def drafter(self, name: str | None = None):
         """The decode-time drafter (drafter protocol) running this module."""
-        from drafters.eagle_drafter import EagleDrafter
+        from drafters.trainable.eagle_drafter import EagleDrafter
 
         return EagleDrafter(self.eval(), name or self.kind)
 

@@ -20,11 +20,11 @@ from decode.protocol import Budget, TargetStep
 from decode.target import KVCache, causal_mask
 from decode.tree import DraftTree, grow
 from drafters.common import Scratch, sampler
-from drafters.draft_layer import CacheContext
+from drafters.trainable.draft_layer import CacheContext
 
 
 class EagleDrafter:
-    """Drafter protocol for drafters/eagle.py modules. Chains sample from q when sampling; trees are top-k."""
+    """Drafter protocol for drafters/trainable/eagle.py modules. Chains sample from q when sampling; trees are top-k."""
 
     def __init__(self, module, name: str) -> None:
         self.m, self.name = module, name

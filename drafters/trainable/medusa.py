@@ -22,7 +22,7 @@ from decode.protocol import Budget, TargetStep
 from decode.target import Target
 from decode.tree import DraftTree, Shape, grow
 from drafters.common import sampler
-from drafters.losses import (
+from drafters.trainable.losses import (
     ahead,
     conditional_accuracy,
     hard_ce,

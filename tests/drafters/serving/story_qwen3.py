@@ -1,7 +1,7 @@
 """A tiny random Qwen3 target vLLM's CPU build can run (head_dim 32 >= its minimum; stories260K's is 8),
 with the bundled stories260K tokenizer and vocabulary (512), so the tiny recipes train on it with `target=DIR`.
 
-    python -m tests.drafters.story_qwen3 OUT_DIR
+    python -m tests.drafters.serving.story_qwen3 OUT_DIR
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-STORIES = Path(__file__).resolve().parents[2] / "recipes" / "targets" / "stories260K"
+STORIES = Path(__file__).resolve().parents[3] / "recipes" / "targets" / "stories260K"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json")
 
 

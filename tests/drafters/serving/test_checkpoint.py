@@ -10,9 +10,9 @@ from safetensors.torch import load_file, save_file
 
 from decode.generate import generate
 from decode.tree import Shape
-from drafters import checkpoint
-from drafters.checkpoint import load_drafter, save_drafter
 from drafters.registry import make_drafter
+from drafters.serving import checkpoint
+from drafters.serving.checkpoint import load_drafter, save_drafter
 from tests.conftest import tiny_target
 from tests.drafters.batches import KINDS, build, make_batch, record_rounds
 
@@ -71,7 +71,7 @@ def test_lora_adapter_dir_is_a_standard_peft_adapter(tmp_path):
 
 
 def test_registry_loads_a_native_directory(tmp_path):
-    from drafters.ar import ARDrafter
+    from drafters.sources.ar import ARDrafter
 
     target = tiny_target("qwen3")
     out = save_drafter(build("eagle3", target), tmp_path / "run" / "export")
@@ -142,7 +142,7 @@ def test_save_is_atomic(tmp_path, monkeypatch):
 
 
 def test_new_drafter_from_a_recipe_dict():
-    from drafters.checkpoint import new_drafter
+    from drafters.serving.checkpoint import new_drafter
 
     target = tiny_target("qwen3")
     m = new_drafter("medusa", target, {"num_heads": 2, "loss": "kl"})
@@ -156,7 +156,7 @@ def test_new_drafter_from_a_recipe_dict():
 @pytest.mark.parametrize("kind", ["eagle3", "layerskip-lora"])
 def test_load_weights_into_the_live_module_resumes(tmp_path, kind):
     """Resuming loads into the module the run already has (a LoRA drafter cannot be injected twice)."""
-    from drafters.checkpoint import load_weights
+    from drafters.serving.checkpoint import load_weights
 
     target = tiny_target("qwen3")
     m = build(kind, target)

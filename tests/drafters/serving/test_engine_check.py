@@ -10,8 +10,8 @@ import torch
 
 from decode.metrics import GenStats
 from decode.target import Target
-from drafters.checkpoint import save_drafter
-from drafters.engine_check import (
+from drafters.serving.checkpoint import save_drafter
+from drafters.serving.engine_check import (
     TOLERANCE,
     compare,
     engine_check,
@@ -21,7 +21,7 @@ from drafters.engine_check import (
 )
 from tests.conftest import DEV_PROMPTS
 from tests.drafters.batches import make_batch
-from tests.drafters.story_qwen3 import make_story_qwen3
+from tests.drafters.serving.story_qwen3 import make_story_qwen3
 
 
 def test_compare_reads_drafts_and_acceptance_like_vllm():
@@ -63,7 +63,7 @@ def test_side_venv_leaves_out_the_cuda_extras(tmp_path):
 
 
 def test_unbuildable_side_venv_is_one_error_line(tmp_path, monkeypatch, capsys):
-    from drafters import engine_check as ec
+    from drafters.serving import engine_check as ec
 
     monkeypatch.setenv("DRAFTSMITH_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(ec.sys, "executable", str(tmp_path / "no-python"))
@@ -78,7 +78,7 @@ def test_unbuildable_side_venv_is_one_error_line(tmp_path, monkeypatch, capsys):
 
 def train_eagle3(target: Target, capture_ids: tuple[int, ...], draft_vocab: int, steps: int = 80):
     """A few steps of EAGLE-3 on the target's own samples: enough for a drafter that accepts sometimes."""
-    from drafters.eagle import Eagle3, Eagle3Config
+    from drafters.trainable.eagle import Eagle3, Eagle3Config
 
     torch.manual_seed(0)
     with torch.no_grad():

@@ -13,15 +13,16 @@ from safetensors.torch import load_file, save_file
 from decode.generate import generate
 from decode.target import Target
 from decode.tree import Shape
-from drafters import export as export_mod
-from drafters.checkpoint import load_drafter, native_meta, save_drafter
-from drafters.engine_dirs import load_eagle3
-from drafters.export import export, main
-from drafters.layouts import TargetFacts, check_export, plan, planned_shapes
 from drafters.registry import make_drafter
+from drafters.serving import export as export_mod
+from drafters.serving.checkpoint import load_drafter, native_meta, save_drafter
+from drafters.serving.engine_dirs import load_eagle3
+from drafters.serving.export import export, main
+from drafters.serving.layouts.formats import check_export, plan, planned_shapes
+from drafters.serving.layouts.rules import TargetFacts
 from tests.conftest import tiny_model
 from tests.drafters.batches import KINDS, build, make_batch, random_sequences, record_rounds
-from tests.drafters.test_eagle import QWEN3_14B, qwen3_14b_on_meta
+from tests.drafters.trainable.test_eagle import QWEN3_14B, qwen3_14b_on_meta
 
 PROMPT = torch.tensor([1, 5, 9, 33, 17, 4, 60])
 SHAPES = (Shape("chain", k=3), Shape("dynamic", topk=3, depth=3, nodes=8))
@@ -121,7 +122,7 @@ def test_published_style_eagle3_dir_loads(tmp_path, target_dir, capsys):
 @pytest.mark.parametrize("per_head,once", [(False, False), (False, True), (True, False)],
                          ids=["shared-copies", "shared-once", "per-head"])
 def test_medusa_vllm_round_trip(tmp_path, target_dir, per_head, once):
-    from drafters.medusa import Medusa, MedusaConfig
+    from drafters.trainable.medusa import Medusa, MedusaConfig
 
     target = Target.load(target_dir)
     torch.manual_seed(0)
@@ -172,7 +173,7 @@ def qwen3_14b_facts() -> TargetFacts:
 
 @pytest.mark.parametrize("fmt", ["eagle3", "speculators"])
 def test_qwen3_14b_eagle3_golden_layout(fmt):
-    from drafters.eagle import Eagle3
+    from drafters.trainable.eagle import Eagle3
 
     m = Eagle3(qwen3_14b_on_meta())
     native = {k: tuple(v.shape) for k, v in m.state_dict().items()}
@@ -200,7 +201,7 @@ def test_qwen3_14b_eagle3_golden_layout(fmt):
 
 
 def test_qwen3_14b_medusa_vllm_golden_layout():
-    from drafters.medusa import Medusa
+    from drafters.trainable.medusa import Medusa
 
     m = Medusa(qwen3_14b_on_meta())  # 4 heads, 1 ResBlock, the target's shared head
     native = {k: tuple(v.shape) for k, v in m.state_dict().items()}
@@ -216,7 +217,7 @@ def test_qwen3_14b_medusa_vllm_golden_layout():
 
 
 def test_export_gate_names_what_is_wrong():
-    from drafters.eagle import Eagle3
+    from drafters.trainable.eagle import Eagle3
 
     facts = qwen3_14b_facts()
     m = Eagle3(qwen3_14b_on_meta())
@@ -341,7 +342,7 @@ def test_export_is_atomic(tmp_path, target_dir, monkeypatch):
 @pytest.mark.parametrize("fmt", ["eagle3", "speculators"])
 def test_full_vocab_export_has_no_draft_vocab_keys(tmp_path, target_dir, fmt):
     """vLLM has no draft_id_to_target_id for a full draft vocabulary and refuses d2t/t2d then."""
-    from drafters.eagle import Eagle3, Eagle3Config
+    from drafters.trainable.eagle import Eagle3, Eagle3Config
 
     target = Target.load(target_dir)
     torch.manual_seed(0)
@@ -357,7 +358,7 @@ def test_full_vocab_export_has_no_draft_vocab_keys(tmp_path, target_dir, fmt):
 def test_unsorted_capture_ids_are_permuted_at_export(tmp_path, target_dir, fmt):
     """Engines fuse captured states in layer order: the export lists the ids ascending and permutes fc's
     input blocks to match, and the exported drafter drafts exactly as the native one."""
-    from drafters.eagle import Eagle3, Eagle3Config
+    from drafters.trainable.eagle import Eagle3, Eagle3Config
 
     target = Target.load(target_dir)
     torch.manual_seed(0)
@@ -381,8 +382,9 @@ def test_unsorted_capture_ids_are_permuted_at_export(tmp_path, target_dir, fmt):
 @pytest.mark.parametrize("engine,written", [("sglang", [2, 19, 36]), ("vllm", [3, 20, 37])])
 def test_eagle3_layout_names_its_engine_for_other_ids(engine, written):
     """Non-default ids cannot be read alike by SGLang (HF id - 1) and vLLM (HF ids): written for one, tagged."""
-    from drafters.eagle import Eagle3, Eagle3Config
-    from drafters.layouts import capture_ids_hf, problems
+    from drafters.serving.layouts.formats import problems
+    from drafters.serving.layouts.rules import capture_ids_hf
+    from drafters.trainable.eagle import Eagle3, Eagle3Config
 
     facts = qwen3_14b_facts()
     m = Eagle3(qwen3_14b_on_meta(), Eagle3Config(capture_ids=(3, 20, 37)))

@@ -9,9 +9,9 @@ import torch
 from decode.generate import encode_prompt, generate
 from decode.target import SideRows
 from decode.tree import DraftTree, Shape
-from drafters.ar import ARDrafter
-from drafters.lookahead import window_layout
 from drafters.registry import make_drafter
+from drafters.sources.ar import ARDrafter
+from drafters.sources.lookahead import window_layout
 from tests.conftest import DEV_PROMPTS
 
 

@@ -8,9 +8,9 @@ import torch
 from decode.generate import encode_prompt, generate
 from decode.protocol import Budget, TargetStep
 from decode.tree import Shape
-from drafters.ar import ARDrafter
-from drafters.prompt_lookup import PromptLookupDrafter, trie
 from drafters.registry import make_drafter
+from drafters.sources.ar import ARDrafter
+from drafters.sources.prompt_lookup import PromptLookupDrafter, trie
 from tests.conftest import DEV_PROMPTS
 
 

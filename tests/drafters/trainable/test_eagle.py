@@ -11,10 +11,10 @@ import torch
 from decode.generate import generate
 from decode.target import Target
 from decode.tree import Shape
-from drafters.eagle import Eagle1, Eagle3, Eagle3Config, build_draft_vocab, default_capture_ids
+from drafters.trainable.eagle import Eagle1, Eagle3, Eagle3Config, build_draft_vocab, default_capture_ids
 from tests.drafters.batches import fit, make_batch, random_sequences, record_rounds, sharp_target
 
-QWEN3_14B = Path(__file__).resolve().parents[1] / "data" / "qwen3-14b-config.json"
+QWEN3_14B = Path(__file__).resolve().parents[2] / "data" / "qwen3-14b-config.json"
 EAGLE3_KEYS = {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"} | {
     f"midlayer.{k}.weight" for k in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                                       "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "input_layernorm",

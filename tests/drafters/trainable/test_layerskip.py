@@ -7,8 +7,8 @@ import torch
 
 from decode.generate import generate
 from decode.tree import Shape
-from drafters.early_exit import early_exit
-from drafters.layerskip import LayerSkip, LayerSkipConfig
+from drafters.sources.early_exit import early_exit
+from drafters.trainable.layerskip import LayerSkip, LayerSkipConfig
 from tests.drafters.batches import build, fit, make_batch, random_sequences, record_rounds, sharp_target
 
 PROMPT = torch.tensor([1, 5, 9, 33, 17, 4, 60])

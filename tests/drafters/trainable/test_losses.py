@@ -1,4 +1,4 @@
-"""The pure loss, schedule and metric functions of drafters/losses.py."""
+"""The pure loss, schedule and metric functions of drafters/trainable/losses.py."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from drafters.losses import (
+from drafters.trainable.losses import (
     ahead,
     conditional_accuracy,
     exit_curriculum,

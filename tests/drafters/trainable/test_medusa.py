@@ -7,7 +7,7 @@ import torch
 
 from decode.generate import generate
 from decode.tree import Shape
-from drafters.medusa import Medusa, MedusaConfig, capped_shape
+from drafters.trainable.medusa import Medusa, MedusaConfig, capped_shape
 from tests.drafters.batches import fit, make_batch, random_sequences, record_rounds, sharp_target
 
 

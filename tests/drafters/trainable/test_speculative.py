@@ -8,7 +8,7 @@ import torch
 from decode.generate import generate
 from decode.sampling import SamplingConfig
 from decode.tree import Shape
-from drafters.ar import ARDrafter
+from drafters.sources.ar import ARDrafter
 from tests.conftest import tiny_target
 from tests.drafters.batches import KINDS, build
 
