@@ -54,7 +54,7 @@ class LayerSkip(nn.Module):
 
     def adapters_on(self) -> AbstractContextManager[None]:
         """LoRA active in the target's early layers (no-op in exit_head mode); off again afterwards."""
-        return self.adapters.on() if self.adapters else nullcontext()
+        return self.adapters.on() if self.adapters is not None else nullcontext()
 
     def save_adapter(self, out: Path) -> None:
         self.adapters.save(out)
