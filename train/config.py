@@ -34,9 +34,9 @@ from omegaconf.errors import (
 )
 
 from decode.target import DTYPES
-from drafters.eagle import Eagle1Config, Eagle3Config
-from drafters.layerskip import LayerSkipConfig
-from drafters.medusa import MedusaConfig
+from drafters.trainable.eagle import Eagle1Config, Eagle3Config
+from drafters.trainable.layerskip import LayerSkipConfig
+from drafters.trainable.medusa import MedusaConfig
 from train.data import DataConfig
 
 
