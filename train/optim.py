@@ -39,7 +39,9 @@ def muon_split(named: Iterable[tuple[str, nn.Parameter]]) -> tuple[list[nn.Param
     return muon, adamw
 
 
-def make_optimizers(drafter: nn.Module, cfg: TrainConfig, distributed_type: str = "NO") -> list[torch.optim.Optimizer]:
+def make_optimizers(
+    drafter: nn.Module, cfg: TrainConfig, distributed_type: str = "NO"
+) -> list[torch.optim.Optimizer]:
     """The run's optimizers over the drafter's trainable parameters: [AdamW] or [Muon, AdamW] (either may be
     absent when it has no parameters). distributed_type: accelerate's (`acc.distributed_type.value`)."""
     named = [(n, p) for n, p in drafter.named_parameters() if p.requires_grad]
@@ -47,19 +49,25 @@ def make_optimizers(drafter: nn.Module, cfg: TrainConfig, distributed_type: str 
         raise ValueError("the drafter has no trainable parameters")
 
     def adamw(params: Sequence[nn.Parameter]) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
+        return torch.optim.AdamW(
+            params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay
+        )
 
     if cfg.optimizer == "adamw":
         return [adamw([p for _, p in named])]
     if cfg.optimizer != "muon":
         raise ValueError(f"train.optimizer {cfg.optimizer!r} not one of ['adamw', 'muon']")
     if distributed_type in MUON_UNSUPPORTED:
-        raise ValueError(f"train.optimizer=muon is supported on one process and DDP, not {distributed_type}: "
-                         "use train.optimizer=adamw there")
+        raise ValueError(
+            f"train.optimizer=muon is supported on one process and DDP, not {distributed_type}: "
+            "use train.optimizer=adamw there"
+        )
     muon, rest = muon_split(named)
     opts: list[torch.optim.Optimizer] = []
     if muon:
-        opts.append(torch.optim.Muon(muon, lr=cfg.lr, weight_decay=cfg.weight_decay, adjust_lr_fn="match_rms_adamw"))
+        opts.append(
+            torch.optim.Muon(muon, lr=cfg.lr, weight_decay=cfg.weight_decay, adjust_lr_fn="match_rms_adamw")
+        )
     if rest:
         opts.append(adamw(rest))
     return opts
@@ -76,9 +84,9 @@ class Chain:
         for x in self.items:
             x.step()
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
+    def zero_grad(self) -> None:
         for x in self.items:
-            x.zero_grad(set_to_none=set_to_none)
+            x.zero_grad()
 
     def get_last_lr(self) -> list[float]:
         return [lr for x in self.items for lr in x.get_last_lr()]

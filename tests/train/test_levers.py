@@ -58,7 +58,9 @@ def test_noise_draws():
     n = add_noise(torch.zeros(20000), "gaussian", 0.05, torch.Generator().manual_seed(0))
     assert float(n.std()) == pytest.approx(0.05, rel=0.05)
     # the draws do not depend on the features' dtype (bf16 caches draw what fp32 ones do)
-    b = add_noise(torch.zeros(20000, dtype=torch.bfloat16), "gaussian", 0.05, torch.Generator().manual_seed(0))
+    b = add_noise(
+        torch.zeros(20000, dtype=torch.bfloat16), "gaussian", 0.05, torch.Generator().manual_seed(0)
+    )
     assert b.dtype == torch.bfloat16 and torch.equal(b, n.to(torch.bfloat16))
 
 
@@ -91,7 +93,9 @@ def test_noise_changes_training_only_and_is_seeded(kind):
 
 def test_feature_noise_is_the_old_spelling_of_uniform_noise(tmp_path):
     t = tiny_target()
-    old = new_drafter("eagle1", t, {"ce_weight": 0.1, "feature_noise": 0.2, "eval_depth": 7})  # an old config.json
+    old = new_drafter(
+        "eagle1", t, {"ce_weight": 0.1, "feature_noise": 0.2, "eval_depth": 7}
+    )  # an old config.json
     assert (old.config.noise, old.config.noise_std, old.config.feature_noise) == ("uniform", 0.1, 0.0)
     with pytest.raises(ValueError, match="feature_noise 0.2 and noise 'gaussian' both set"):
         Eagle1Config(feature_noise=0.2, noise="gaussian")
@@ -129,22 +133,37 @@ def test_frozen_head_stays_the_targets_copy(optimizer):
     assert not torch.equal(m.midlayer.mlp.down_proj.weight, before["midlayer.mlp.down_proj.weight"])
 
 
-def test_muon_takes_matrices_and_adamw_the_rest():
+def test_muon_takes_matrices_and_adamw_the_rest(tmp_path):
     t = tiny_target()
     m = eagle("eagle3", t)
     muon, adamw = muon_split(m.named_parameters())
     names = {id(p): n for n, p in m.named_parameters()}
     assert sorted(names[id(p)] for p in muon) == sorted(
-        ["fc.weight"] + [f"midlayer.{k}.weight" for k in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-                                                          "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj",
-                                                          "mlp.down_proj")])
+        ["fc.weight"]
+        + [
+            f"midlayer.{k}.weight"
+            for k in (
+                "self_attn.q_proj",
+                "self_attn.k_proj",
+                "self_attn.v_proj",
+                "self_attn.o_proj",
+                "mlp.gate_proj",
+                "mlp.up_proj",
+                "mlp.down_proj",
+            )
+        ]
+    )
     assert "lm_head.weight" in {names[id(p)] for p in adamw}  # vocabulary rows: never Muon
     opts = make_optimizers(m, TrainConfig(optimizer="muon"))
     assert [type(o).__name__ for o in opts] == ["Muon", "AdamW"]
     med = Medusa(t, MedusaConfig(num_heads=2, head="copied"))
     muon, adamw = muon_split(med.named_parameters())
     assert len(muon) == 2 and len(adamw) == 4  # block weights | block biases + the two copied heads
-    with pytest.raises(ValueError, match="train.optimizer=muon is supported on one process and DDP, not DEEPSPEED"):
+    with pytest.raises(ConfigError, match="train.optimizer"):
+        load_recipe(write_recipe(tmp_path), ["train.optimizer=sgd"])
+    with pytest.raises(
+        ValueError, match="train.optimizer=muon is supported on one process and DDP, not DEEPSPEED"
+    ):
         make_optimizers(m, TrainConfig(optimizer="muon"), "DEEPSPEED")
 
 
@@ -170,11 +189,15 @@ def test_medusa_identity_init_starts_as_the_targets_head():
         assert all(torch.equal(lg, want) for lg in m.head_logits(h))
     default = Medusa(t, MedusaConfig(num_heads=3))  # Medusa-1's code: W = 0 but a random bias, x + SiLU(b)
     assert not torch.allclose(default.head_logits(h)[0], want)
-    assert new_drafter("medusa", t, {"num_heads": 2, "per_head_vocab": True}).config.head == "copied"  # old config
+    assert (
+        new_drafter("medusa", t, {"num_heads": 2, "per_head_vocab": True}).config.head == "copied"
+    )  # old config
     copied = Medusa(t, MedusaConfig(num_heads=2, head="copied"))
     assert copied.config.per_head_vocab and all(p.requires_grad for p in copied.lm_heads.parameters())
     with pytest.raises(ValueError, match="Medusa head 'own' not one of"):
         MedusaConfig(head="own")
+    with pytest.raises(ValueError, match="Medusa residual_init 'zero' not one of"):
+        MedusaConfig(residual_init="zero")
 
 
 # --- 7. LayerSkip: the recipe chooses the LoRA rank and layers, or the exits and adapter rank -------------
@@ -183,14 +206,27 @@ def test_medusa_identity_init_starts_as_the_targets_head():
 def test_layerskip_recipe_chooses_rank_and_layers(tmp_path):
     recipe = write_recipe(tmp_path)
     t = tiny_target()
-    lora = load_recipe(recipe, ["drafter.layerskip.mode=lora", "drafter.layerskip.draft_exit=3",
-                                "drafter.layerskip.lora_rank=3", "drafter.layerskip.lora_layers=[2, 0]"])
+    lora = load_recipe(
+        recipe,
+        [
+            "drafter.layerskip.mode=lora",
+            "drafter.layerskip.draft_exit=3",
+            "drafter.layerskip.lora_rank=3",
+            "drafter.layerskip.lora_layers=[2, 0]",
+        ],
+    )
     m = LayerSkip(t, lora.drafter.layerskip)
     adapted = {n.split(".")[2] for n, _ in t.model.named_modules() if n.endswith(f"lora_A.{ADAPTER}")}
     assert adapted == {"0", "2"}
     assert {p.shape[0] for n, p in m.lora.named_parameters() if n.endswith("A.weight")} == {3}  # the rank
-    heads = load_recipe(recipe, ["drafter.layerskip.exits=[1, 3]", "drafter.layerskip.draft_exit=3",
-                                 "drafter.layerskip.adapter_rank=2"])
+    heads = load_recipe(
+        recipe,
+        [
+            "drafter.layerskip.exits=[1, 3]",
+            "drafter.layerskip.draft_exit=3",
+            "drafter.layerskip.adapter_rank=2",
+        ],
+    )
     m = LayerSkip(tiny_target(), heads.drafter.layerskip)
     assert sorted(m.exits) == ["1", "3"] and m.exits["3"].down.weight.shape == (2, t.hidden_size)
     with pytest.raises(ValueError, match=r"lora_layers \[3\] must lie in 0..1"):
@@ -204,12 +240,21 @@ def test_eagle3_levers_recipe_resumes_exactly(tmp_path, regen, monkeypatch):  # 
     from drafters.export import export
     from train import loop
 
-    levers = ["drafter.eagle3.ttt_steps=3", "drafter.eagle3.step_decay=1.0", "drafter.eagle3.noise=gaussian",
-              "drafter.eagle3.freeze_head=true", "drafter.eagle3.draft_vocab_size=100000"]
+    levers = [
+        "drafter.eagle3.ttt_steps=3",
+        "drafter.eagle3.step_decay=1.0",
+        "drafter.eagle3.noise=gaussian",
+        "drafter.eagle3.freeze_head=true",
+        "drafter.eagle3.draft_vocab_size=100000",
+    ]
 
     def overrides(name: str) -> list[str]:
-        return recipe_overrides(regen, tmp_path / name / "run", "eagle3", steps=6, save_every=2,
-                                optimizer="muon") + levers
+        return (
+            recipe_overrides(
+                regen, tmp_path / name / "run", "eagle3", steps=6, save_every=2, optimizer="muon"
+            )
+            + levers
+        )
 
     full = run(tmp_path / "a", overrides("a"))
     real = loop.LossModule.forward
@@ -233,7 +278,10 @@ def test_eagle3_levers_recipe_resumes_exactly(tmp_path, regen, monkeypatch):  # 
     assert [r["loss"] for r in steps[0]] == [r["loss"] for r in steps[1]]  # same seed, and the resume, exact
     for r in steps[0]:  # equal step weights: the loss is the plain sum of the three steps' CE
         assert r["train/loss"] == pytest.approx(sum(r[f"train/ce_{k}"] for k in (1, 2, 3)), rel=1e-5)
-    a, b = load_file(str(full / "export/model.safetensors")), load_file(str(resumed / "export/model.safetensors"))
+    a, b = (
+        load_file(str(full / "export/model.safetensors")),
+        load_file(str(resumed / "export/model.safetensors")),
+    )
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     target = Target.load(REPO / "recipes/targets/stories260K")
     assert torch.equal(a["lm_head.weight"], target.lm_head.weight)  # the full vocabulary's rows, frozen
