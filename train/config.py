@@ -79,6 +79,7 @@ class TrainConfig:
     weight_decay: float = 0.0  # AdamW weight decay
     beta1: float = 0.9  # AdamW beta1
     beta2: float = 0.95  # AdamW beta2
+    optimizer: Literal["adamw", "muon"] = "adamw"  # muon: torch.optim.Muon on the drafter's matrices, AdamW on the rest
     warmup_steps: int = 20  # linear warmup from 0 to lr
     schedule: Literal["cosine", "linear", "constant"] = "cosine"  # decay after warmup
     min_lr_ratio: float = 0.1  # final lr as a fraction of lr (cosine and linear)

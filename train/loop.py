@@ -29,6 +29,7 @@ from drafters.trainable.losses import simulated_chain_tau as simulated_tau
 from train.config import TrainConfig, dump_config
 from train.dataset import make_loader
 from train.killpoint import kill_point
+from train.optim import Chain, make_optimizers
 from train.simeval import CACHE_NAME as SIM_CACHE
 from train.simeval import load_or_build, prompt_set, sim_eval
 
@@ -208,12 +209,11 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
     if len(loader) == 0:
         raise ValueError(f"{len(train_ds)} training sequences make no full batch of {cfg.batch_size}: "
                          "lower train.batch_size or add data")
-    params = [p for p in drafter.parameters() if p.requires_grad]
-    if not params:
-        raise ValueError("the drafter has no trainable parameters")
-    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg))
-    model, opt, loader, sched = acc.prepare(LossModule(drafter), opt, loader, sched)
+    # AdamW, or Muon + AdamW (train/optim.py): one schedule each, the same lr factor; stepped as one (Chain)
+    opts = make_optimizers(drafter, cfg, acc.distributed_type.value)
+    scheds = [torch.optim.lr_scheduler.LambdaLR(o, lambda s: lr_factor(s, cfg)) for o in opts]
+    model, *prepared = acc.prepare(LossModule(drafter), *opts, loader, *scheds)
+    opt, loader, sched = Chain(prepared[: len(opts)]), prepared[len(opts)], Chain(prepared[len(opts) + 1:])
     if acc.is_main_process and cfg.report_to != "none":
         acc.init_trackers(recipe.name or "draftsmith", config={"recipe": str(recipe.name)})
 

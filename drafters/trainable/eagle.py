@@ -19,7 +19,9 @@ is the eval; `drafter()` gives the decode-time object (drafters/trainable/eagle_
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, replace
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
@@ -72,6 +74,36 @@ def build_draft_vocab(token_counts: Tensor, n: int) -> tuple[Tensor, Tensor]:
     return ids - torch.arange(n), t2d
 
 
+NOISE_KINDS = ("none", "gaussian", "uniform")
+
+
+def check_noise(noise: str, noise_std: float) -> None:
+    """The hidden-state noise settings both EAGLE configs share, checked (errors name the key)."""
+    if noise not in NOISE_KINDS:
+        raise ValueError(f"noise {noise!r} not one of {list(NOISE_KINDS)}")
+    if not noise_std >= 0:
+        raise ValueError(f"noise_std must be >= 0, got {noise_std}")
+
+
+def add_noise(x: Tensor, kind: str, std: float, generator: torch.Generator) -> Tensor:
+    """x + N(0, std^2) (gaussian) or + U(-std, std) (uniform), as speculators' AddGaussianNoise / AddUniformNoise.
+
+    Drawn in float32 from `generator` (never the global RNG), then cast: the draws do not depend on x's dtype.
+    [..] -> [..]
+    """
+    if kind == "gaussian":
+        n = torch.randn(x.shape, generator=generator, device=x.device, dtype=torch.float32)
+    else:
+        n = torch.rand(x.shape, generator=generator, device=x.device, dtype=torch.float32) * 2 - 1
+    return x + (n * std).to(x.dtype)
+
+
+def noise_seed(*parts: int) -> int:
+    """A 64-bit generator seed from integers (run seed, rank, step, call): stable across processes and resumes."""
+    digest = hashlib.blake2b(":".join(str(int(p)) for p in parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1  # < 2^63: torch.Generator.manual_seed takes it on any device
+
+
 @dataclass
 class Eagle3Config:
     """EAGLE-3: capture ids, draft vocabulary, draft-layer width and training-time test."""
@@ -80,7 +112,15 @@ class Eagle3Config:
     draft_vocab_size: int = 32000  # rows of the drafter's LM head, capped at the target's vocabulary
     intermediate_size: int = 0  # FFN width of the draft layer; 0 = the target's
     ttt_steps: int = 7  # training-time test: steps unrolled on the drafter's own states (K)
-    step_decay: float = 0.8  # loss weight decay^k of unrolled step k
+    step_decay: float = 0.8  # loss weight decay^k of unrolled step k (1.0: equal weights, speculators)
+    noise: Literal["none", "gaussian", "uniform"] = "none"  # noise on the capture states while training only
+    noise_std: float = 0.05  # gaussian: its std; uniform: its half-width (U(-std, std)); speculators: gaussian 0.05
+    freeze_head: bool = False  # LM head rows and final norm stay the target's copies, frozen (speculators)
+
+    def __post_init__(self) -> None:
+        check_noise(self.noise, self.noise_std)
+        if not self.step_decay >= 0:
+            raise ValueError(f"step_decay must be >= 0, got {self.step_decay}")
 
     def resolved(self, num_layers: int, vocab_size: int) -> Eagle3Config:
         """Defaults filled in for a target, checked (capture ids in range)."""
@@ -105,10 +145,23 @@ class Eagle1Config:
 
     intermediate_size: int = 0  # FFN width of the draft layer; 0 = the target's
     ce_weight: float = 0.1  # weight of the soft CE against the regression (EAGLE-1: 0.1)
-    feature_noise: float = 0.0  # uniform noise U(-a/2, a/2) added to input features while training
+    noise: Literal["none", "gaussian", "uniform"] = "none"  # noise on the input feature while training only
+    noise_std: float = 0.05  # gaussian: its std; uniform: its half-width (U(-std, std))
+    feature_noise: float = 0.0  # old spelling of noise=uniform, noise_std=a/2 (U(-a/2, a/2)); kept so old configs load
     eval_depth: int = 7  # draft positions `position_accuracy` reports by default
 
+    def __post_init__(self) -> None:
+        check_noise(self.noise, self.noise_std)
+        if not self.feature_noise >= 0:
+            raise ValueError(f"feature_noise must be >= 0, got {self.feature_noise}")
+        if self.feature_noise > 0 and self.noise != "none":
+            raise ValueError(f"feature_noise {self.feature_noise} and noise {self.noise!r} both set: keep only "
+                             f"noise=uniform, noise_std={self.feature_noise / 2:g} (feature_noise a = U(-a/2, a/2))")
+
     def resolved(self, num_layers: int, vocab_size: int) -> Eagle1Config:
+        """feature_noise (the old key) rewritten as noise/noise_std."""
+        if self.feature_noise > 0:
+            return replace(self, noise="uniform", noise_std=self.feature_noise / 2, feature_noise=0.0)
         return self
 
     def feature_ids(self, num_layers: int) -> tuple[int, ...]:
@@ -121,11 +174,13 @@ class _Eagle(nn.Module):
 
     kind = "eagle"
 
-    def __init__(self, target: Target) -> None:
+    def __init__(self, target: Target, seed: int = 0, rank: int = 0) -> None:
         super().__init__()
         self.target = target  # a plain attribute: the frozen target is not part of this module
         for piece in (target.embed_tokens, target.lm_head, target.norm):
             piece.requires_grad_(False)
+        self.noise_key = (seed, rank)  # training noise is drawn from (run seed, rank, step, call within step)
+        self._noise_calls = (-1, 0)  # (step, training calls seen at that step): micro-batches of one step differ
 
     # Subclasses define: project(hidden) -> x [.., H]; step(x, emb, positions, ctx) -> (logits, out);
     # full_logprobs(logits) -> [.., V]; to_target(ids) -> target ids; decode_hidden_ids; loss().
@@ -146,17 +201,33 @@ class _Eagle(nn.Module):
         """= loss(batch, step); call the module itself so DDP/accelerate wrappers see the forward."""
         return self.loss(batch, step)
 
-    def unroll(self, batch: dict, steps: int, noise: float = 0.0) -> list[tuple[Tensor, Tensor]]:
+    def noise_generator(self, step: int) -> torch.Generator | None:
+        """The generator of this training call's hidden-state noise; None in eval mode or with noise=none.
+
+        Seeded from (seed, rank, step, call within the step), not drawn from a running RNG: a run resumed
+        at a step boundary draws exactly what an uninterrupted run does, and no global RNG is touched.
+        """
+        if not self.training or self.config.noise == "none":
+            return None
+        last, calls = self._noise_calls
+        self._noise_calls = (step, calls + 1 if step == last else 0)
+        g = torch.Generator(device=self.fc.weight.device)
+        return g.manual_seed(noise_seed(*self.noise_key, step, self._noise_calls[1]))
+
+    def unroll(self, batch: dict, steps: int, noise: torch.Generator | None = None) -> list[tuple[Tensor, Tensor]]:
         """Run `steps` draft steps over every row of a batch, each fed the previous step's own states.
 
         Step k at row t reads token x_{t+1+k} at position t+k and predicts x_{t+2+k}; it attends to
         step 0's rows <= t and its own rows of steps 1..k (what its draft chain would see when decoding).
-        Returns [(logits [B, T, V'], state [B, T, H])] per step.
+        `noise`: a generator to perturb the target states the drafter reads (config.noise), training only;
+        the loss's targets stay clean. Returns [(logits [B, T, V'], state [B, T, H])] per step.
         """
         ids, am = batch["input_ids"], batch["attention_mask"]
-        x = self.project(batch["hidden"])  # [B, T, H]
-        if noise > 0:
-            x = x + (torch.rand_like(x) - 0.5) * noise
+        hidden = batch["hidden"]
+        if noise is not None:
+            hidden = {i: add_noise(hidden[i], self.config.noise, self.config.noise_std, noise)
+                      for i in self.decode_hidden_ids}
+        x = self.project(hidden)  # [B, T, H]
         pos = positions_of(am)
         ctx = UnrollContext(causal_padding_mask(am, self.dtype))
         out = []
@@ -193,10 +264,11 @@ class Eagle3(_Eagle):
     kind = "eagle3"
 
     def __init__(self, target: Target, config: Eagle3Config | None = None,
-                 token_counts: Tensor | None = None) -> None:
+                 token_counts: Tensor | None = None, seed: int = 0, rank: int = 0) -> None:
         """token_counts [V]: target-token frequencies of the training data, for the draft vocabulary
-        (None: the first N ids, fine for tests or when the vocabulary is not reduced)."""
-        super().__init__(target)
+        (None: the first N ids, fine for tests or when the vocabulary is not reduced); seed, rank: of
+        the training noise."""
+        super().__init__(target, seed, rank)
         self.config = cfg = (config or Eagle3Config()).resolved(target.num_layers, target.vocab_size)
         sizes = LayerSizes.of(target.config, cfg.intermediate_size)
         H, n = sizes.hidden, cfg.draft_vocab_size
@@ -215,6 +287,9 @@ class Eagle3(_Eagle):
         with torch.no_grad():  # start from the target's own head, restricted to the draft vocabulary
             self.lm_head.weight.copy_(target.lm_head.weight[self.draft_ids])
             self.norm.weight.copy_(target.norm.weight)
+        if cfg.freeze_head:  # not trained: the optimizer only sees parameters that require grad
+            self.lm_head.requires_grad_(False)
+            self.norm.requires_grad_(False)
         self.default_depth = cfg.ttt_steps
 
     @property
@@ -259,7 +334,7 @@ class Eagle3(_Eagle):
         probs, argmax = self.target_distribution(batch)
         valid = next_valid(batch) & self.t2d[argmax]
         losses, accs = [], []
-        for k, (logits, _) in enumerate(self.unroll(batch, self.config.ttt_steps)):
+        for k, (logits, _) in enumerate(self.unroll(batch, self.config.ttt_steps, self.noise_generator(step))):
             v = ahead(valid, k + 1, False)
             losses.append(masked_mean(soft_ce(logits, ahead(probs, k + 1)), v))
             hit = self.to_target(logits.argmax(-1)) == ahead(argmax, k + 1, -1)
@@ -273,9 +348,9 @@ class Eagle1(_Eagle):
 
     kind = "eagle1"
 
-    def __init__(self, target: Target, config: Eagle1Config | None = None) -> None:
-        super().__init__(target)
-        self.config = config = config or Eagle1Config()
+    def __init__(self, target: Target, config: Eagle1Config | None = None, seed: int = 0, rank: int = 0) -> None:
+        super().__init__(target, seed, rank)
+        self.config = config = (config or Eagle1Config()).resolved(target.num_layers, target.vocab_size)
         sizes = LayerSizes.of(target.config, config.intermediate_size)
         H = sizes.hidden
         with torch.device(target.device):
@@ -312,8 +387,7 @@ class Eagle1(_Eagle):
         """SmoothL1(f̂_t, f_{t+1}) + ce_weight * soft-CE(lm_head(f̂_t), P_{t+1}) over trained rows."""
         probs, argmax = self.target_distribution(batch)
         v = ahead(next_valid(batch), 1, False)
-        noise = self.config.feature_noise if self.training else 0.0
-        (logits, f_hat), = self.unroll(batch, 1, noise)
+        (logits, f_hat), = self.unroll(batch, 1, self.noise_generator(step))
         f_next = ahead(batch["hidden"][self.target.num_layers].to(f_hat.dtype), 1)
         reg = masked_mean(smooth_l1(f_hat, f_next), v)
         ce = masked_mean(soft_ce(logits, ahead(probs, 1)), v)

@@ -1,10 +1,11 @@
 """Medusa: K heads on the target's last hidden state, each guessing one token further ahead (DESIGN §4).
 
 Head k (k = 0..K-1) reads h_t, the target's post-norm state at position t (hidden id L, the one that
-produced x_{t+1}), and predicts x_{t+k+2}: ResBlocks (x + SiLU(Wx + b), W zero-init) -> a vocabulary
-projection, by default the target's frozen LM head (a 152k-vocabulary head per Medusa head would be
-778M parameters each for Qwen3-14B). Key names follow vLLM's Medusa layout: `blocks.{k}.layers.{l}.*`,
-`lm_heads.{k}.weight` (only with per-head vocabulary matrices; shared heads are exported from the target).
+produced x_{t+1}), and predicts x_{t+k+2}: ResBlocks (x + SiLU(Wx + b), W zero-init; with b zero too
+every head starts as the target's own next-token head) -> a vocabulary projection: `head: shared`, the
+target's frozen LM head (a 152k-vocabulary head per Medusa head would be 778M parameters each for
+Qwen3-14B), or `head: copied`, a trainable copy per head. Key names follow vLLM's Medusa layout:
+`blocks.{k}.layers.{l}.*`, `lm_heads.{k}.weight` (only with copied heads; shared heads are exported from the target).
 
 Decoding: one drafter pass per round computes every head's log-probs at the newest target state;
 the chain takes each head's argmax (or draws from it when sampling); static trees rank each head's
@@ -14,6 +15,7 @@ top-k (Medusa's choice lists); the dynamic tree ranks paths by cumulative head l
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
@@ -42,16 +44,25 @@ class MedusaConfig:
 
     num_heads: int = 4  # K heads; head k predicts the token k+2 positions ahead of its state
     num_layers: int = 1  # ResBlocks per head
-    per_head_vocab: bool = False  # own vocabulary matrix per head (init from the target's LM head)
+    head: Literal["shared", "copied"] = "shared"  # vocabulary projection: the target's frozen LM head | a trainable copy per head
+    per_head_vocab: bool = False  # old spelling of head=copied (kept so old configs load; resolved keeps both in step)
+    residual_init: Literal["medusa", "identity"] = "medusa"  # medusa: W = 0, b default (Medusa-1's code); identity: b = 0 too
     loss: str = "ce"  # ce (token labels) | kl (to the target's own next-token distributions)
     step_decay: float = 0.8  # loss weight decay^k of head k
+
+    def __post_init__(self) -> None:
+        if self.head not in ("shared", "copied"):
+            raise ValueError(f"Medusa head {self.head!r} not one of ['shared', 'copied']")
+        if self.residual_init not in ("medusa", "identity"):
+            raise ValueError(f"Medusa residual_init {self.residual_init!r} not one of ['medusa', 'identity']")
 
     def resolved(self, num_layers: int, vocab_size: int) -> MedusaConfig:
         if self.num_heads < 1 or self.num_layers < 1:
             raise ValueError(f"Medusa needs num_heads >= 1 and num_layers >= 1, got {self.num_heads}, {self.num_layers}")
         if self.loss not in ("ce", "kl"):
             raise ValueError(f"Medusa loss {self.loss!r} not one of ['ce', 'kl']")
-        return self
+        copied = self.head == "copied" or self.per_head_vocab
+        return replace(self, head="copied" if copied else "shared", per_head_vocab=copied)
 
     def feature_ids(self, num_layers: int) -> tuple[int, ...]:
         """Hidden ids a training batch needs: the post-norm last state L."""
@@ -59,13 +70,15 @@ class MedusaConfig:
 
 
 class ResBlocks(nn.Module):
-    """x + SiLU(W x + b), `num_layers` times; W starts at zero (Medusa)."""
+    """x + SiLU(W x + b), `num_layers` times; W starts at zero (Medusa), b too when `zero_bias` (exactly x)."""
 
-    def __init__(self, hidden: int, num_layers: int) -> None:
+    def __init__(self, hidden: int, num_layers: int, zero_bias: bool = False) -> None:
         super().__init__()
         self.layers = nn.ModuleList([nn.Linear(hidden, hidden) for _ in range(num_layers)])
         for layer in self.layers:
             nn.init.zeros_(layer.weight)
+            if zero_bias:  # SiLU(0) = 0: the block is the identity until trained
+                nn.init.zeros_(layer.bias)
 
     def forward(self, x: Tensor) -> Tensor:
         for layer in self.layers:
@@ -85,8 +98,9 @@ class Medusa(nn.Module):
         self.config = cfg = (config or MedusaConfig()).resolved(target.num_layers, target.vocab_size)
         H, V = target.hidden_size, target.vocab_size
         with torch.device(target.device):
-            self.blocks = nn.ModuleList([ResBlocks(H, cfg.num_layers) for _ in range(cfg.num_heads)])
-            if cfg.per_head_vocab:
+            zero_bias = cfg.residual_init == "identity"
+            self.blocks = nn.ModuleList([ResBlocks(H, cfg.num_layers, zero_bias) for _ in range(cfg.num_heads)])
+            if cfg.head == "copied":
                 self.lm_heads = nn.ModuleList([nn.Linear(H, V, bias=False) for _ in range(cfg.num_heads)])
                 with torch.no_grad():
                     for head in self.lm_heads:
@@ -105,7 +119,7 @@ class Medusa(nn.Module):
         out = []
         for k, block in enumerate(self.blocks):
             z = block(x)
-            if self.config.per_head_vocab:
+            if self.config.head == "copied":
                 out.append(self.lm_heads[k](z))
             else:
                 head = self.target.lm_head

@@ -20,6 +20,7 @@ class LayerSkipConfig:
     curriculum_steps: int = 1000  # gradual: the run length the schedule is spread over
     gradual_fraction: float = 0.5  # gradual: all exits on from this fraction of curriculum_steps
     lora_rank: int = 8  # lora mode: LoRA rank on layers[:draft_exit]
+    lora_layers: tuple[int, ...] = ()  # lora mode: the layers adapted, each < draft_exit; () = all of layers[:draft_exit]
     lora_alpha: int = 16
     lora_dropout: float = 0.0
     lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -43,7 +44,13 @@ class LayerSkipConfig:
             raise ValueError(f"draft_exit {draft} is not among the trained exits {list(exits)}")
         if self.mode == "lora" and exits != (draft,):
             raise ValueError(f"lora mode trains one exit (draft_exit {draft}), got exits {list(exits)}")
-        return replace(self, exits=exits, draft_exit=draft)
+        if self.lora_rank < 1 or self.adapter_rank < 0:
+            raise ValueError(f"lora_rank must be >= 1 and adapter_rank >= 0, got {self.lora_rank}, {self.adapter_rank}")
+        layers = tuple(sorted({int(i) for i in self.lora_layers}))
+        if any(not 0 <= i < draft for i in layers):
+            raise ValueError(f"lora_layers {list(self.lora_layers)} must lie in 0..{draft - 1} (the layers below "
+                             f"draft_exit {draft})")
+        return replace(self, exits=exits, draft_exit=draft, lora_layers=layers)
 
     def feature_ids(self, num_layers: int) -> tuple[int, ...]:
         """Hidden ids a training batch needs: the exit states (exit_head mode) and L for the target's P."""

@@ -20,10 +20,11 @@ PEFT_PREFIX = "base_model.model."  # key prefix of a standard peft adapter direc
 
 
 class LoraAdapters:
-    """The adapters in a target model's first `layers` layers; `modules` holds their weights for registering."""
+    """The adapters in a target model's first `layers` layers (or only those in `only`); `modules` holds
+    their weights for registering."""
 
     def __init__(self, model: nn.Module, layers: int, rank: int, alpha: int, dropout: float,
-                 targets: tuple[str, ...]) -> None:
+                 targets: tuple[str, ...], only: tuple[int, ...] = ()) -> None:
         from peft import LoraConfig, inject_adapter_in_model
         from peft.tuners.lora import LoraLayer
 
@@ -32,7 +33,7 @@ class LoraAdapters:
                              "load a fresh target for each LayerSkip-LoRA drafter")
         self.model, self.n_layers = model, layers
         self.config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(targets),
-                                 layers_pattern="layers", layers_to_transform=list(range(layers)))
+                                 layers_pattern="layers", layers_to_transform=list(only or range(layers)))
         inject_adapter_in_model(self.config, model, adapter_name=ADAPTER)
         found = [(n, m) for n, m in model.named_modules() if isinstance(m, LoraLayer)]
         if not found:

@@ -49,7 +49,7 @@ class LayerSkip(nn.Module):
         self.adapters = None
         if cfg.mode == "lora":
             self.adapters = LoraAdapters(target.model, cfg.draft_exit, cfg.lora_rank, cfg.lora_alpha,
-                                         cfg.lora_dropout, cfg.lora_targets)
+                                         cfg.lora_dropout, cfg.lora_targets, cfg.lora_layers)
             self.lora = self.adapters.modules  # registered here so optimizers, DDP and .train()/.to() see them
 
     def adapters_on(self) -> AbstractContextManager[None]:
