@@ -242,14 +242,17 @@ class Recorder:
 DecodeFn = Callable[[Drafter, Tensor, int, Shape], GenStats]
 
 
-def loop_overhead(s: GenStats, curve: dict[int, float]) -> float:
-    """Seconds per speculative round the pass-cost curve does not account for: commit, bookkeeping, and the
-    verify step's own extra over the curve's bare pass at the round's mean rows (greedy walk, LM-head rows)."""
-    if not s.rounds:
-        return 0.0
-    rows = 1 + s.draft_nodes / s.rounds
-    extra = max(0.0, s.verify_s / s.rounds - cost_at(curve, rows))
-    return max(0.0, s.wall_s - s.prefill_s - s.draft_s - s.verify_s) / s.rounds + extra
+def loop_overhead(s: GenStats) -> float:
+    """Seconds per speculative round outside drafting and the verify step (commit, bookkeeping)."""
+    return max(0.0, s.wall_s - s.prefill_s - s.draft_s - s.verify_s) / s.rounds if s.rounds else 0.0
+
+
+def verify_extra(runs: list[GenStats], curve: dict[int, float]) -> float:
+    """Seconds per round the decoder's verify step takes beyond the curve's bare pass at its rows (the greedy
+    walk, the LM head on visited rows), pooled over runs so one run's load spike weighs less."""
+    rounds = sum(s.rounds for s in runs)
+    bare = sum(s.rounds * cost_at(curve, 1 + s.draft_nodes / s.rounds) for s in runs if s.rounds)
+    return max(0.0, (sum(s.verify_s for s in runs) - bare) / rounds) if rounds else 0.0
 
 
 def calibrate(decode: DecodeFn, drafter: Drafter, prompts: list[Tensor], max_new_tokens: int, depth: int,
@@ -282,8 +285,9 @@ def calibrate(decode: DecodeFn, drafter: Drafter, prompts: list[Tensor], max_new
         runs[name] = list(zip(rec.propose_s, (tree.depth() for tree, _ in rec.rounds)))
     return {"hits": hits, "trials": trials, "follows_shape": follows, "depth": depth, "width": width,
             "prompts": len(prompts), "max_new_tokens": max_new_tokens,
-            "costs": {**call_costs(runs["chain"], narrow, runs["wide"]), "round_s": loop_overhead(stats, curve),
-                      "round_ar_s": loop_overhead(ar, curve)}}
+            "costs": {**call_costs(runs["chain"], narrow, runs["wide"]),
+                      "round_s": loop_overhead(stats) + verify_extra([ar, stats], curve),
+                      "round_ar_s": loop_overhead(ar) + verify_extra([ar, stats], curve)}}
 
 
 def call_costs(one: list[tuple[float, int]], narrow: list[tuple[float, int]], wide: list[tuple[float, int]]

@@ -232,6 +232,23 @@ def choose_auto_shapes(target: Target, runners: list[tuple[str, Runner]], convs:
         print(f"auto: {r.name} -> {r.choose_shape(prompts, curve, run_dir).describe()}", file=file)
 
 
+def checkpoint_kind(spec: str) -> str | None:
+    """The drafter kind of a checkpoint directory SPEC, from its config.json (None: not a directory)."""
+    import json
+    from pathlib import Path
+
+    base = spec.rpartition("@")[0] if "@" in spec else spec
+    try:
+        cfg = json.loads((Path(base) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(cfg, dict):
+        return None
+    arch = " ".join(cfg.get("architectures") or [])
+    return (cfg.get("draftsmith_drafter") or cfg.get("speculators_model_type")
+            or ("eagle3" if "Eagle3" in arch else "medusa" if "num_heads" in cfg else None))
+
+
 def shape_text(runner: Runner) -> str | None:
     """The shape a row drafted with, as text (None: an HF peer, or plain decoding)."""
     shape = getattr(runner, "shape", None)
@@ -262,6 +279,7 @@ def evaluate(target: Target, runners: list[tuple[str, Runner]], convs: list[Conv
     for d in report["drafters"]:
         d["speedup_vs_ar_per_conversation"] = ratios[d["spec"]]
         d["shape"] = shape_text(by_spec[d["spec"]])
+        d["drafter_kind"] = checkpoint_kind(d["spec"])
         auto = getattr(by_spec[d["spec"]], "auto", None)
         if auto is not None:
             d["auto"] = {**auto.summary(), "measured_tau": d["mean_accepted_tokens"],
