@@ -9,17 +9,20 @@ import torch
 from decode.autoshape import (
     Costs,
     acceptance,
+    chain_paths,
+    choose,
+    dynamic_paths,
+    expected_accepted,
+    pass_cost_curve,
+    resolve,
+)
+from decode.calibration import (
     cache_key,
     caterpillar,
     caterpillar_parents,
-    chain_paths,
-    choose,
     count_ranks,
-    dynamic_paths,
-    expected_accepted,
+    drafter_stamp,
     load_cached,
-    pass_cost_curve,
-    resolve,
     store,
 )
 from decode.evaluate import EvalConfig, evaluate, prepare
@@ -85,13 +88,21 @@ def test_rank_counts_from_caterpillar_rounds():
     assert count_ranks([(DraftTree.chain([1, 2]), [0])], 3, 2)[2] is False  # a lookup drafter's own tree
 
 
-def test_cache_reuses_and_keys_by_target_and_dtype(tmp_path):
+def test_cache_reuses_and_keys_by_target_dtype_and_drafter_files(tmp_path):
     path = tmp_path / "calibration.json"
     a, b = cache_key("t-1", "float32", 1, 8, 8), cache_key("t-1", "bfloat16", 1, 8, 8)
     assert load_cached(path, a) is None
     assert store(path, a, {"x": 1}) and store(path, b, {"x": 2})
     assert load_cached(path, a) == {"x": 1} and load_cached(path, b) == {"x": 2}
     assert load_cached(path, cache_key("t-2", "float32", 1, 8, 8)) is None
+    d = tmp_path / "drafter"
+    d.mkdir()
+    (d / "model.safetensors").write_bytes(b"v1")
+    stamp = drafter_stamp(str(d))
+    (d / "calibration.json").write_text("{}")  # the cache itself does not change the drafter's stamp
+    assert drafter_stamp(str(d)) == stamp
+    (d / "model.safetensors").write_bytes(b"v2 re-exported")
+    assert drafter_stamp(str(d)) != stamp and drafter_stamp("early-exit:3") == "early-exit:3"
 
 
 def decode_fn(target):
