@@ -316,11 +316,16 @@ def plot(report: dict, out: Path) -> list[Path]:
                ncol=3, frameon=False, fontsize=8)
     figs.append((fig, "tau.png"))
 
-    # 2. acceptance by depth: one line per drafted row, the legend beside the axes
+    # 2. acceptance by depth: one line per drafted row (a colour per drafter, the line style by shape:
+    #    chain solid, tree dashed, auto dotted), the legend beside the axes
     fig, ax = plt.subplots(figsize=(9, 4.2))
+    palette = plt.get_cmap("tab10").colors
+    kinds = list(dict.fromkeys(drafter_kind(d["spec"], d.get("drafter_kind")) for d in drafted))
     for d in drafted:
         acc = d["acceptance_by_depth"]
-        ax.plot(range(1, len(acc) + 1), acc, marker="o", ms=4, label=labels[d["spec"]])
+        style = ":" if d.get("auto") else "-" if (d.get("shape") or "chain").startswith("chain") else "--"
+        color = palette[kinds.index(drafter_kind(d["spec"], d.get("drafter_kind"))) % len(palette)]
+        ax.plot(range(1, len(acc) + 1), acc, marker="o", ms=4, ls=style, color=color, label=labels[d["spec"]])
     ax.set_xlabel("draft depth d")
     ax.set_ylabel("P(accepted ≥ d | drafted to d)")
     ax.set_ylim(0, 1.05)
@@ -335,7 +340,11 @@ def plot(report: dict, out: Path) -> list[Path]:
     # 3. accepted lengths: per row, the share of rounds that accepted 0, 1, 2, ... draft tokens (stacked)
     fig, ax = plt.subplots(figsize=(10, 0.42 * max(1, len(drafted)) + 1.6))
     longest = max((len(d["accepted_length_histogram"]) for d in drafted), default=0)
-    cmap = plt.get_cmap("viridis", max(2, longest))
+    viridis = plt.get_cmap("viridis", max(2, longest - 1))
+
+    def cmap(k: int):  # 0 accepted (the bonus only) in gray, then dark to light
+        return "0.82" if k == 0 else viridis(k - 1)
+
     for i, d in enumerate(drafted):
         h = d["accepted_length_histogram"]
         n, left = sum(h) or 1, 0.0
