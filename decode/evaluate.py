@@ -77,7 +77,8 @@ class DecoderRun:
         self.drafter = make_drafter(spec, target)
         self.name = self.drafter.name + (f"@{tree}" if at else "")
         tree = tree or cfg.tree
-        self.shape: Shape | None = None if tree == AUTO else parse_shape(tree, cfg.draft_len)
+        auto = tree == AUTO and spec != "ar"  # plain decoding drafts nothing: no shape to size
+        self.shape: Shape | None = None if auto else parse_shape("chain" if tree == AUTO else tree, cfg.draft_len)
         self.auto: AutoChoice | None = None
         self.policy = make_policy(cfg.policy)
 

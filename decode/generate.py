@@ -211,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     # options first: a bad value fails in a second, not after loading the target
     check_decode_args(args)
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
-    shape = None if args.tree == "auto" else parse_shape(args.tree, args.draft_len)
+    auto = args.tree == "auto" and args.drafter != "ar"  # plain decoding drafts nothing: no shape to size
+    shape = None if auto else parse_shape("chain" if args.tree == "auto" else args.tree, args.draft_len)
     policy_for(args.policy, args.target_pass_s)
     torch.manual_seed(args.seed)
     target = load_target_from_args(args, resident_layers([args.drafter]))

@@ -130,6 +130,7 @@ def test_auto_run_is_lossless_and_reports_predicted_vs_measured(stories, tmp_pat
     runners = prepare(stories, ["early-exit:2", "prompt-lookup"], cfg)
     report = evaluate(stories, runners, convs, cfg, [20.0], progress=False, run_dir=str(tmp_path))
     ee, lookup = report["drafters"][1], report["drafters"][2]
+    assert "auto" not in report["drafters"][0]  # AR drafts nothing: not calibrated
     assert ee["matches_ar"] and lookup["matches_ar"]
     assert ee["auto"]["predicted_tau"] >= 1.0 and ee["auto"]["measured_tau"] == ee["mean_accepted_tokens"]
     assert ee["shape"] == ee["auto"]["shape"]
