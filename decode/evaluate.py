@@ -16,9 +16,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Protocol
 
 import torch
@@ -28,8 +30,10 @@ from tqdm import tqdm
 from decode.autoshape import AUTO, AutoChoice, pass_cost_curve, resolve, shape_spec
 from decode.generate import Generation, add_decode_args, encode_prompt, generate
 from decode.hf_peers import HF_FORMS, is_hf_spec, make_hf_peer
+from decode.metrics import GenStats
 from decode.policies import make_policy
 from decode.prompts import Conversation, answer_text, load_prompts, render_turn
+from decode.protocol import Drafter
 from decode.report import SpecRun, TurnResult, build_report, total_stats, write_report
 from decode.sampling import SamplingConfig
 from decode.target import Target
@@ -85,7 +89,7 @@ class DecoderRun:
     def choose_shape(self, prompts: list[Tensor], curve: dict[int, float], run_dir: str | None) -> AutoChoice:
         """--tree auto: calibrate (or read the cached calibration) and fix the shape with the best predicted tok/s."""
 
-        def decode(drafter, ids: Tensor, n: int, shape: Shape):
+        def decode(drafter: Drafter, ids: Tensor, n: int, shape: Shape) -> GenStats:
             return generate(self.target, drafter, ids, n, SamplingConfig(), shape).stats
 
         self.auto = resolve(decode, self.target, self.drafter, self.base_spec, prompts, curve, run_dir,
@@ -235,9 +239,6 @@ def choose_auto_shapes(target: Target, runners: list[tuple[str, Runner]], convs:
 
 def checkpoint_kind(spec: str) -> str | None:
     """The drafter kind of a checkpoint directory SPEC, from its config.json (None: not a directory)."""
-    import json
-    from pathlib import Path
-
     base = spec.rpartition("@")[0] if "@" in spec else spec
     try:
         cfg = json.loads((Path(base) / "config.json").read_text())
