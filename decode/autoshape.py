@@ -10,7 +10,7 @@ The model, as pure functions:
   EAGLE-2's dynamic tree one root call and depth - 1 calls of top-k nodes) + the target pass over
   1 + nodes rows (the pass-cost curve decode.costmodel measures in this run) + the loop's overhead.
 - tokens/s = E[accepted + 1] / round cost; a small grid of chains and dynamic trees is searched.
-p and the costs come from decode.calibration (measured with the real decoder, cached with the drafter).
+p and the costs come from decode.calibration (measured with the real decoder; p cached with the drafter).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from torch import Tensor
 
 from decode import calibration as cal
@@ -200,23 +199,24 @@ def pass_cost_curve(target: Target, prefix: int = 64) -> dict[int, float]:
 def resolve(decode: cal.DecodeFn, target: Target, drafter: Drafter, spec: str, prompts: list[Tensor],
             curve: dict[int, float], run_dir: str | Path | None = None, max_new_tokens: int = 64,
             depth: int = 8, width: int = 8, fallback: Shape = Shape()) -> AutoChoice:
-    """Calibrate (or read the cache), then choose the shape with the most predicted tokens per second.
+    """Calibrate the acceptance (or read it from the cache), measure the costs, then choose the shape with the
+    most predicted tokens per second.
 
     A drafter that proposes its own trees (lookup) cannot be given a shape: it keeps `fallback`.
     """
     path = cal.cache_path(spec, run_dir)
-    key = cal.cache_key(cal.target_identity(target), str(target.dtype).removeprefix("torch."),
-                        torch.get_num_threads(), depth, width, cal.drafter_stamp(spec))
+    key = cal.cache_key(cal.target_identity(target), str(target.dtype).removeprefix("torch."), depth, width,
+                        cal.drafter_stamp(spec))
     entry = cal.load_cached(path, key) if path is not None else None
     cached = entry is not None
     if entry is None:
-        entry = cal.calibrate(decode, drafter, prompts, max_new_tokens, depth, width, curve)
+        entry = cal.measure_acceptance(decode, drafter, prompts, max_new_tokens, depth, width)
         if path is not None and not cal.store(path, key, entry):
             path = None
     p = acceptance(entry["hits"], entry["trials"])
-    costs = Costs(width=entry["width"], **entry["costs"])
-    verify_s = lambda n: cost_at(curve, n)  # noqa: E731
     if not (entry["follows_shape"] and p):
         return AutoChoice(fallback, None, str(path or ""), cached, entry["follows_shape"], p)
-    best, _ = choose(p, costs, verify_s, len(p), entry["width"])
+    costs = Costs(width=width, **cal.measure_costs(decode, drafter, prompts[0], max_new_tokens, depth, width, curve))
+    verify_s = lambda n: cost_at(curve, n)  # noqa: E731
+    best, _ = choose(p, costs, verify_s, len(p), width)
     return AutoChoice(best.shape, best, str(path or ""), cached, True, p)

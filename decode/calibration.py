@@ -5,11 +5,12 @@ Greedy decoding on a few prompts drafts a *caterpillar*: the rank-0 chain to dep
 siblings at every depth (D x W nodes), so each round whose accepted path stayed on rank 0 shows which rank,
 if any, was right at the next depth. A wrapper drafter (Recorder) keeps each round's tree, its accepted
 path and the seconds `propose` took; three more short runs (AR, chains of 1, a top-W dynamic tree) give the
-loop's overheads and the cost of a drafter call over 1 and over W nodes.
+loop's overheads and the cost of a drafter call over 1 and over W nodes, on one prompt, every run.
 
-The result is cached as json next to the drafter (DRAFTER_DIR/calibration.json) or in the run dir for SPEC
-drafters, under a key of the target's identity, dtype, threads, the caterpillar's size and the drafter's
-files (a re-export into the same directory recalibrates).
+The acceptance counts are cached as json next to the drafter (DRAFTER_DIR/calibration.json) or in the run
+dir for SPEC drafters, under a key of the target's identity, dtype, the caterpillar's size and the drafter's
+files (a re-export into the same directory recalibrates). Costs are not cached: they move with the
+machine's load and threads, like the pass-cost curve they are set against.
 """
 
 from __future__ import annotations
@@ -121,40 +122,42 @@ def verify_extra(runs: list[GenStats], curve: dict[int, float]) -> float:
     return max(0.0, (sum(s.verify_s for s in runs) - bare) / rounds) if rounds else 0.0
 
 
-def calibrate(decode: DecodeFn, drafter: Drafter, prompts: list[Tensor], max_new_tokens: int, depth: int,
-              width: int, curve: dict[int, float]) -> dict:
-    """Acceptance by (depth, rank) and the drafter's costs, measured with the real decoder (greedy).
-
-    1. untimed warm-ups, then AR on the first prompt: the loop's overhead per round without drafting;
-    2. the caterpillar on every prompt: rank counts, the round overhead, propose seconds per level;
-    3. chains of 1 and a dynamic tree of top-`width` on the first prompt: with 2., the per-round drafting
-       work and the cost of a call over 1 and over `width` nodes (call_costs).
-    The verify step's extra over `curve` (the pass cost measured now) joins the overheads; the cache keeps it.
-    """
+def measure_acceptance(decode: DecodeFn, drafter: Drafter, prompts: list[Tensor], max_new_tokens: int,
+                       depth: int, width: int) -> dict:
+    """Rank counts from the caterpillar on every prompt (what the cache keeps; the costs are measured afresh)."""
     hits, trials, follows = [[0] * width for _ in range(depth)], [0] * depth, True
-    decode(NoDraft(), prompts[0], min(8, max_new_tokens), Shape())  # 1. warm-up (lazy init, allocator)
-    decode(drafter, prompts[0], min(8, max_new_tokens), caterpillar(depth, width))
-    ar = decode(NoDraft(), prompts[0], max_new_tokens, Shape())
-    stats, narrow = GenStats(), []
-    for ids in prompts:  # 2. the caterpillar
+    decode(drafter, prompts[0], min(8, max_new_tokens), caterpillar(depth, width))  # warm-up
+    for ids in prompts:
         cat = Recorder(drafter)
-        stats = stats.merge(decode(cat, ids, max_new_tokens, caterpillar(depth, width)))
+        decode(cat, ids, max_new_tokens, caterpillar(depth, width))
         h, t, f = count_ranks(cat.rounds, depth, width)
         hits = [[a + b for a, b in zip(x, y)] for x, y in zip(hits, h)]
         trials = [a + b for a, b in zip(trials, t)]
         follows = follows and f
-        narrow += zip(cat.propose_s, (tree.depth() for tree, _ in cat.rounds))
-    runs = {}
-    for name, shape in (("chain", Shape("chain", k=1)), ("wide", Shape("dynamic", topk=width, depth=depth,
-                                                                          nodes=width * depth))):
-        rec = Recorder(drafter)  # 3. one-call rounds and width-W calls
-        decode(rec, prompts[0], max_new_tokens, shape)
-        runs[name] = list(zip(rec.propose_s, (tree.depth() for tree, _ in rec.rounds)))
-    extra = verify_extra([ar, stats], curve)
     return {"hits": hits, "trials": trials, "follows_shape": follows, "depth": depth, "width": width,
-            "prompts": len(prompts), "max_new_tokens": max_new_tokens,
-            "costs": {**call_costs(runs["chain"], narrow, runs["wide"]), "round_s": loop_overhead(stats) + extra,
-                      "round_ar_s": loop_overhead(ar) + extra}}
+            "prompts": len(prompts), "max_new_tokens": max_new_tokens}
+
+
+def measure_costs(decode: DecodeFn, drafter: Drafter, prompt: Tensor, max_new_tokens: int, depth: int, width: int,
+                  curve: dict[int, float]) -> dict[str, float]:
+    """The drafter's and the loop's seconds on one prompt, now (the machine's load moves them, as it moves `curve`).
+
+    1. untimed warm-up, then AR: the loop's overhead per round without drafting;
+    2. the caterpillar, chains of 1 and a dynamic tree of top-`width`: the per-round drafting work and the cost
+       of a call over 1 and over `width` nodes (call_costs), and the round overhead;
+    3. the verify step's extra over `curve` (its bare pass), pooled over the AR and caterpillar runs.
+    """
+    decode(NoDraft(), prompt, min(8, max_new_tokens), Shape())
+    ar = decode(NoDraft(), prompt, max_new_tokens, Shape())
+    runs, stats = {}, {}
+    for name, shape in (("narrow", caterpillar(depth, width)), ("chain", Shape("chain", k=1)),
+                        ("wide", Shape("dynamic", topk=width, depth=depth, nodes=width * depth))):
+        rec = Recorder(drafter)
+        stats[name] = decode(rec, prompt, max_new_tokens, shape)
+        runs[name] = list(zip(rec.propose_s, (tree.depth() for tree, _ in rec.rounds)))
+    extra = verify_extra([ar, stats["narrow"]], curve)
+    return {**call_costs(runs["chain"], runs["narrow"], runs["wide"]),
+            "round_s": loop_overhead(stats["narrow"]) + extra, "round_ar_s": loop_overhead(ar) + extra}
 
 
 def call_costs(one: list[tuple[float, int]], narrow: list[tuple[float, int]], wide: list[tuple[float, int]]
@@ -212,10 +215,9 @@ def drafter_stamp(spec: str) -> str:
     return hashlib.sha256(repr(files).encode()).hexdigest()[:12]
 
 
-def cache_key(target_id: str, dtype: str, threads: int, depth: int, width: int, drafter: str = "") -> str:
-    """One calibration per target, dtype, threads, caterpillar size and drafter version (costs and acceptance
-    move with all of them)."""
-    return f"{target_id}|{dtype}|threads={threads}|depth={depth},width={width}|drafter={drafter}"
+def cache_key(target_id: str, dtype: str, depth: int, width: int, drafter: str = "") -> str:
+    """One acceptance calibration per target, dtype (bf16 moves near-ties), caterpillar size and drafter version."""
+    return f"{target_id}|{dtype}|depth={depth},width={width}|drafter={drafter}"
 
 
 def load_cached(path: Path, key: str) -> dict | None:

@@ -90,11 +90,11 @@ def test_rank_counts_from_caterpillar_rounds():
 
 def test_cache_reuses_and_keys_by_target_dtype_and_drafter_files(tmp_path):
     path = tmp_path / "calibration.json"
-    a, b = cache_key("t-1", "float32", 1, 8, 8), cache_key("t-1", "bfloat16", 1, 8, 8)
+    a, b = cache_key("t-1", "float32", 8, 8), cache_key("t-1", "bfloat16", 8, 8)
     assert load_cached(path, a) is None
     assert store(path, a, {"x": 1}) and store(path, b, {"x": 2})
     assert load_cached(path, a) == {"x": 1} and load_cached(path, b) == {"x": 2}
-    assert load_cached(path, cache_key("t-2", "float32", 1, 8, 8)) is None
+    assert load_cached(path, cache_key("t-2", "float32", 8, 8)) is None
     d = tmp_path / "drafter"
     d.mkdir()
     (d / "model.safetensors").write_bytes(b"v1")
