@@ -278,7 +278,8 @@ def spread_bars(ax, labels: list[str], values: list[float], spreads: list[list[f
     ax.axvline(ref, color="black", lw=0.9, ls="--", zorder=0)
     right = max([v + h for v, h in zip(values, hi)] + [ref])
     for i, (v, h) in enumerate(zip(values, hi)):
-        ax.text(v + max(h, 0.0) + 0.015 * right, i, format(v, fmt_value), va="center", fontsize=8)
+        ax.text(v + max(h, 0.0) + 0.015 * right, i, format(v, fmt_value), va="center", fontsize=8,
+                bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5})  # readable over the AR line
     ax.set_xlim(0, right * 1.18)
     ax.set_yticks(y, labels)
     ax.set_xlabel(xlabel)
