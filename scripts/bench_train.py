@@ -79,7 +79,7 @@ def main() -> int:
     for kind in args.kinds:
         drafters += [f"{args.out}/{kind}/export", f"{args.out}/{kind}/export@{TREE}"]
     cmd = [sys.executable, "-m", "decode.evaluate", "--target", "recipes/targets/stories260K", "--prompts",
-           "recipes/prompts/stories_dev.txt", "--max-new-tokens", "128", "--threads", "1", "--out",
+           "recipes/prompts/stories_dev.txt", "--max-new-tokens", "128", "--threads", "1", "--dtype", "float32", "--out",
            str(out / "eval")]
     for d in drafters:
         cmd += ["--drafter", d]

@@ -315,7 +315,7 @@ class Eagle3(_Eagle):
     def full_logprobs(self, logits: Tensor) -> Tensor:
         """Draft-vocabulary logits [.., N] -> log-probs over the target vocabulary [.., V] (-inf outside)."""
         out = logits.new_full((*logits.shape[:-1], self.t2d.numel()), float("-inf"), dtype=torch.float32)
-        out[..., self.draft_ids] = torch.log_softmax(logits.float(), dim=-1)
+        out[..., self.draft_ids] = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
         return out
 
     def to_target(self, draft: Tensor) -> Tensor:
@@ -375,7 +375,7 @@ class Eagle1(_Eagle):
         return head(f_hat.to(head.weight.dtype)), f_hat
 
     def full_logprobs(self, logits: Tensor) -> Tensor:
-        return torch.log_softmax(logits.float(), dim=-1)
+        return torch.log_softmax(logits, dim=-1, dtype=torch.float32)
 
     def to_target(self, ids: Tensor) -> Tensor:
         return ids

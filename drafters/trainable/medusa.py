@@ -191,7 +191,7 @@ class MedusaDrafter:
         shape = capped_shape(budget.shape, self.m.config.num_heads)
         if shape.max_depth == 0:
             return DraftTree.empty()
-        logp = torch.log_softmax(torch.stack(self.m.head_logits(self.h)).float(), dim=-1)  # [K, V]
+        logp = torch.log_softmax(torch.stack(self.m.head_logits(self.h)), dim=-1, dtype=torch.float32)  # [K, V]
         self.forward_passes += 1
         depth: dict[int, int] = {-1: 0}  # tree node id (root = -1) -> depth
 
