@@ -7,7 +7,7 @@
     draftsmith features RECIPE.yaml                = python -m train.features ...
     draftsmith doctor DRAFTER_DIR --target MODEL   = python -m drafters.doctor ...
     draftsmith fetch smollm2-135m-instruct|sharegpt = python -m train.fetch ...
-    draftsmith engine-check DRAFTER_DIR --target MODEL --prompts FILE --out DIR = python -m drafters.engine_check ...
+    draftsmith engine-check DRAFTER_DIR --target MODEL --prompts FILE --out DIR = python -m drafters.serving.engine_check ...
 
 Each subcommand calls its module's `main(argv)` (or runs it as `python -m` would, for a package's
 __main__), so the two spellings can never drift apart.
@@ -29,7 +29,7 @@ COMMANDS = {
     "features": "train.features",
     "doctor": "drafters.doctor",
     "fetch": "train.fetch",
-    "engine-check": "drafters.engine_check",
+    "engine-check": "drafters.serving.engine_check",
 }
 
 

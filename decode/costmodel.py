@@ -105,11 +105,13 @@ def format_curve(curve: dict[int, float]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from decode.generate import add_decode_args
-    from decode.offload import drop_page_cache, load_target_from_args, streamed_files
+    from decode.offload import add_offload_args, drop_page_cache, load_target_from_args, streamed_files
 
     ap = argparse.ArgumentParser(prog="python -m decode.costmodel", description=__doc__.splitlines()[0])
-    add_decode_args(ap)
+    ap.add_argument("--target", required=True, help="model directory or hub id")
+    ap.add_argument("--dtype", default="auto", help="auto (bfloat16 where the hardware has it) | float32 | bfloat16")
+    ap.add_argument("--attn", default="sdpa", help="attention implementation: sdpa | eager")
+    add_offload_args(ap)  # (not decode.generate's add_decode_args: generate's --tree auto imports this module)
     ap.add_argument("--tokens", default=",".join(map(str, DEFAULT_TOKENS)), help="verified-token counts to time")
     ap.add_argument("--resident-layers", type=int, default=0, help="K first layers kept resident (early-exit:K)")
     ap.add_argument("--repeats", type=int, default=3)
@@ -128,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     curve = measure_pass_cost(target, tuple(int(x) for x in args.tokens.split(",")), repeats=args.repeats,
                               before_pass=before)
     placement = target.placement.summary() if target.placement is not None else {"mode": "none"}
-    save_curve(args.out, curve, {"target": args.target, "dtype": args.dtype, "cold_page_cache": bool(files),
+    save_curve(args.out, curve, {"target": args.target, "dtype": str(target.dtype).removeprefix("torch."), "cold_page_cache": bool(files),
                                  "threads": torch.get_num_threads(), "placement": placement})
     print(format_curve(curve))
     return 0

@@ -16,23 +16,28 @@
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Protocol
 
 import torch
 from torch import Tensor
 from tqdm import tqdm
 
+from decode.autoshape import AUTO, AutoChoice, pass_cost_curve, resolve, shape_spec
 from decode.generate import Generation, add_decode_args, encode_prompt, generate
 from decode.hf_peers import HF_FORMS, is_hf_spec, make_hf_peer
+from decode.metrics import GenStats
 from decode.policies import make_policy
 from decode.prompts import Conversation, answer_text, load_prompts, render_turn
+from decode.protocol import Drafter
 from decode.report import SpecRun, TurnResult, build_report, total_stats, write_report
 from decode.sampling import SamplingConfig
 from decode.target import Target
-from decode.tree import parse_shape
+from decode.tree import Shape, parse_shape
 
 DEFAULT_PASS_COSTS = [20.0, 0.025]  # a 14B target streamed from disk; the same on a GPU
 
@@ -43,7 +48,7 @@ class EvalConfig:
 
     max_new_tokens: int = 128
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    tree: str = "chain"  # chain | static:FILE | dynamic:topk=..,depth=..,nodes=..
+    tree: str = "chain"  # chain | static:FILE | dynamic:topk=..,depth=..,nodes=.. | auto
     draft_len: int = 8
     policy: str = "fixed"
     seed: int = 0  # turn i is decoded with seed + i in every run
@@ -60,7 +65,10 @@ class Runner(Protocol):
 
 
 class DecoderRun:
-    """Our decoder with one drafter (SPEC resolved by drafters.registry); `SPEC@TREE` overrides --tree for it."""
+    """Our decoder with one drafter (SPEC resolved by drafters.registry); `SPEC@TREE` overrides --tree for it.
+
+    TREE `auto` leaves the shape open until `choose_shape` (decode.autoshape) has calibrated the drafter.
+    """
 
     kind = "draftsmith"
 
@@ -69,12 +77,29 @@ class DecoderRun:
 
         self.target, self.cfg = target, cfg
         spec, at, tree = spec.rpartition("@") if "@" in spec else (spec, "", "")
+        self.base_spec = spec
         self.drafter = make_drafter(spec, target)
         self.name = self.drafter.name + (f"@{tree}" if at else "")
-        self.shape = parse_shape(tree or cfg.tree, cfg.draft_len)
+        tree = tree or cfg.tree
+        auto = tree == AUTO and spec != "ar"  # plain decoding drafts nothing: no shape to size
+        self.shape: Shape | None = None if auto else parse_shape("chain" if tree == AUTO else tree, cfg.draft_len)
+        self.auto: AutoChoice | None = None
         self.policy = make_policy(cfg.policy)
 
+    def choose_shape(self, prompts: list[Tensor], curve: dict[int, float], run_dir: str | None) -> AutoChoice:
+        """--tree auto: calibrate (or read the cached calibration) and fix the shape with the best predicted tok/s."""
+
+        def decode(drafter: Drafter, ids: Tensor, n: int, shape: Shape) -> GenStats:
+            return generate(self.target, drafter, ids, n, SamplingConfig(), shape).stats
+
+        self.auto = resolve(decode, self.target, self.drafter, self.base_spec, prompts, curve, run_dir,
+                            min(64, self.cfg.max_new_tokens), fallback=parse_shape("chain", self.cfg.draft_len))
+        self.shape = self.auto.shape
+        return self.auto
+
     def run(self, prompt_ids: Tensor, max_new_tokens: int, sampling: SamplingConfig, seed: int) -> Generation:
+        if self.shape is None:
+            raise RuntimeError(f"{self.name}: --tree auto needs choose_shape() before decoding")
         return generate(self.target, self.drafter, prompt_ids, max_new_tokens, sampling, self.shape, self.policy,
                         seed)
 
@@ -198,13 +223,53 @@ def divergences(target: Target, runs: list[SpecRun], convs: list[Conversation]) 
     return out
 
 
+def choose_auto_shapes(target: Target, runners: list[tuple[str, Runner]], convs: list[Conversation],
+                       run_dir: str | None, calibration_prompts: int = 4, file=sys.stderr) -> None:
+    """--tree auto rows: calibrate on the first turns of the first few conversations, measure the pass-cost
+    curve once, fix each row's shape, and print the choice with its predicted speedup."""
+    pending = [r for _, r in runners if isinstance(r, DecoderRun) and r.shape is None]
+    if not pending:
+        return
+    prompts = [encode_prompt(target, *render_turn(target.tokenizer, c.turns[:1], [])) for c in
+               convs[:calibration_prompts]]
+    curve = pass_cost_curve(target)
+    for r in pending:
+        print(f"auto: {r.name} -> {r.choose_shape(prompts, curve, run_dir).describe()}", file=file)
+
+
+def checkpoint_kind(spec: str) -> str | None:
+    """The drafter kind of a checkpoint directory SPEC, from its config.json (None: not a directory)."""
+    base = spec.rpartition("@")[0] if "@" in spec else spec
+    try:
+        cfg = json.loads((Path(base) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(cfg, dict):
+        return None
+    arch = " ".join(cfg.get("architectures") or [])
+    return (cfg.get("draftsmith_drafter") or cfg.get("speculators_model_type")
+            or ("eagle3" if "Eagle3" in arch else "medusa" if "num_heads" in cfg else None))
+
+
+def shape_text(runner: Runner) -> str | None:
+    """The shape a row drafted with, as text (None: an HF peer, or plain decoding)."""
+    shape = getattr(runner, "shape", None)
+    if shape is None or getattr(runner, "base_spec", "") == "ar":
+        return None
+    return shape_spec(shape) if shape.kind != "static" else f"static nodes={len(shape.choices)}"
+
+
 def evaluate(target: Target, runners: list[tuple[str, Runner]], convs: list[Conversation], cfg: EvalConfig,
-             pass_costs: list[float] = DEFAULT_PASS_COSTS, meta: dict | None = None, progress: bool = True) -> dict:
+             pass_costs: list[float] = DEFAULT_PASS_COSTS, meta: dict | None = None, progress: bool = True,
+             run_dir: str | None = None) -> dict:
     """Run every (spec, runner) from `prepare` on the same prompts, interleaved -> the report.json dict.
 
-    runners[0] is AR. Each drafter entry gets `speedup_vs_ar_per_conversation` (the spread) and,
-    greedy, `divergences` (where it left AR's tokens and AR's top-2 logit margin there).
+    runners[0] is AR. Each drafter entry gets `speedup_vs_ar_per_conversation` (the spread), its `shape`,
+    `auto` (the --tree auto choice, predicted vs measured) for auto rows, and, greedy, `divergences`
+    (where it left AR's tokens and AR's top-2 logit margin there). run_dir: where calibrations of SPEC
+    drafters without a directory are cached.
     """
+    choose_auto_shapes(target, runners, convs, run_dir)
     runs, ratios = interleaved(target, runners, convs, cfg, progress)
     settings = {**(meta or {}), "turns": sum(len(c.turns) for c in convs), "conversations": len(convs),
                 "max_new_tokens": cfg.max_new_tokens, **asdict(cfg.sampling), "tree": cfg.tree,
@@ -212,8 +277,15 @@ def evaluate(target: Target, runners: list[tuple[str, Runner]], convs: list[Conv
                 "torch_threads": torch.get_num_threads(), "timing": "interleaved by conversation"}
     report = build_report(runs, settings, list(pass_costs))
     div = divergences(target, runs, convs) if cfg.sampling.greedy else {}
+    by_spec = dict(runners)
     for d in report["drafters"]:
         d["speedup_vs_ar_per_conversation"] = ratios[d["spec"]]
+        d["shape"] = shape_text(by_spec[d["spec"]])
+        d["drafter_kind"] = checkpoint_kind(d["spec"])
+        auto = getattr(by_spec[d["spec"]], "auto", None)
+        if auto is not None:
+            d["auto"] = {**auto.summary(), "measured_tau": d["mean_accepted_tokens"],
+                         "measured_speedup_vs_ar": d["speedup_vs_ar"]}
         if d["spec"] in div:
             d["divergences"] = div[d["spec"]]  # greedy: first mismatch per conversation + AR's top-2 margin
     return report
@@ -264,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers.utils import logging as hf_logging
 
     from decode.errors import USER_ERRORS, check_out_dir, writing
-    from decode.generate import check_decode_args
+    from decode.generate import check_decode_args, dtype_line
 
     hf_logging.set_verbosity_error()  # HF assisted generation warns on every drafting call
     if args.threads:
@@ -275,7 +347,8 @@ def main(argv: list[str] | None = None) -> int:
         check_out_dir(args.out)  # an unwritable --out fails now, not after the whole evaluation
         cfg = EvalConfig(args.max_new_tokens, SamplingConfig(args.temperature, args.top_k, args.top_p), args.tree,
                          args.draft_len, args.policy, args.seed, not args.no_warmup)
-        parse_shape(cfg.tree, cfg.draft_len)  # fail on a bad --tree before loading anything
+        if cfg.tree != AUTO:
+            parse_shape(cfg.tree, cfg.draft_len)  # fail on a bad --tree before loading anything
         make_policy(cfg.policy)
         convs = load_prompts(args.prompts, args.limit)
         from decode.offload import load_target_from_args
@@ -284,9 +357,11 @@ def main(argv: list[str] | None = None) -> int:
         # one load for every drafter: the deepest early layers any of them runs stay resident
         base_specs = [d.rpartition("@")[0] if "@" in d else d for d in args.drafter]
         target = load_target_from_args(args, resident_layers([d for d in base_specs if not is_hf_spec(d)]))
+        print(dtype_line(args.dtype, target), file=sys.stderr)
         runners = prepare(target, args.drafter, cfg)
-        meta = {"target": args.target, "prompts": args.prompts, "dtype": args.dtype, "attn": args.attn}
-        report = evaluate(target, runners, convs, cfg, args.target_pass_s, meta)
+        meta = {"target": args.target, "prompts": args.prompts, "dtype": str(target.dtype).removeprefix("torch."),
+                "attn": args.attn}
+        report = evaluate(target, runners, convs, cfg, args.target_pass_s, meta, run_dir=args.out)
         with writing(args.out):
             paths = write_report(report, args.out)
     except USER_ERRORS as e:  # bad input: say what to fix, no traceback

@@ -22,7 +22,7 @@ from decode.policies import FixedPolicy, Policy, Round, capped, constant_cost, m
 from decode.prompts import render_turn
 from decode.protocol import Budget, Drafter, TargetStep, layer_reuse, side_rows
 from decode.sampling import Rng, SamplingConfig, TorchRng, probs_from_logits
-from decode.target import Target
+from decode.target import Target, has_bf16
 from decode.tree import Shape, parse_shape
 from decode.verify import LazyRows, verify_greedy, verify_sampling
 
@@ -159,7 +159,8 @@ def add_decode_args(ap: argparse.ArgumentParser) -> None:
     """Options shared by decode.generate and decode.evaluate."""
     ap.add_argument("--target", required=True, help="model directory or hub id")
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--tree", default="chain", help="chain | static:FILE | dynamic:topk=8,depth=6,nodes=60")
+    ap.add_argument("--tree", default="chain", help="chain | static:FILE | dynamic:topk=8,depth=6,nodes=60 | auto "
+                    "(the chain or tree with the most predicted tokens/s: calibrated acceptance + measured pass cost)")
     ap.add_argument("--draft-len", type=int, default=8, help="chain length k")
     ap.add_argument("--policy", default="fixed",
                     help="draft-length policy: fixed | learning[:max=..,decay=..] | threshold[:p=0.4,max=..] | "
@@ -168,7 +169,8 @@ def add_decode_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--top-k", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--dtype", default="auto", help="auto (bfloat16 where the hardware has it, else float32) | "
+                    "float32 (bit-exact with AR) | bfloat16 | float16")
     ap.add_argument("--attn", default="sdpa", help="attention implementation: sdpa | eager")
     add_offload_args(ap)  # --offload/--max-memory/--offload-dir/--device: load with decode.offload.load_target_from_args
 
@@ -177,6 +179,14 @@ def check_decode_args(args: argparse.Namespace) -> None:
     """The add_decode_args options no dataclass checks."""
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens {args.max_new_tokens}: must be >= 1")
+
+
+def dtype_line(requested: str, target: Target) -> str:
+    """What the run computes in, said at start (bf16 greedy output can leave fp32's at near-ties)."""
+    got = str(target.dtype).removeprefix("torch.")
+    why = " (auto: bf16 in hardware)" if got == "bfloat16" else " (auto: fp32 is faster for a model this small)" \
+        if has_bf16(target.device) else " (auto: no bf16 in hardware)"
+    return f"dtype: {got}" + (why if requested == "auto" else "")
 
 
 def policy_for(spec: str, target_pass_s: float | None = None) -> Policy:
@@ -201,16 +211,28 @@ def main(argv: list[str] | None = None) -> int:
     # options first: a bad value fails in a second, not after loading the target
     check_decode_args(args)
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
-    shape = parse_shape(args.tree, args.draft_len)
+    auto = args.tree == "auto" and args.drafter != "ar"  # plain decoding drafts nothing: no shape to size
+    shape = None if auto else parse_shape("chain" if args.tree == "auto" else args.tree, args.draft_len)
     policy_for(args.policy, args.target_pass_s)
     torch.manual_seed(args.seed)
     target = load_target_from_args(args, resident_layers([args.drafter]))
+    print(dtype_line(args.dtype, target), file=sys.stderr)
     if target.placement is not None:
         print(target.placement.describe(), file=sys.stderr)
     drafter = make_drafter(args.drafter, target)
     tok = target.tokenizer
     text, special = (args.prompt, True) if args.raw else render_turn(tok, (args.prompt,), [])
     ids = encode_prompt(target, text, special)
+    if shape is None:  # --tree auto: calibrate on this prompt (or read DRAFTER_DIR/calibration.json)
+        from decode.autoshape import pass_cost_curve, resolve
+
+        def decode(d: Drafter, p: Tensor, n: int, s: Shape) -> GenStats:
+            return generate(target, d, p, n, SamplingConfig(), s).stats
+
+        choice = resolve(decode, target, drafter, args.drafter, [ids], pass_cost_curve(target),
+                         max_new_tokens=min(64, args.max_new_tokens), fallback=parse_shape("chain", args.draft_len))
+        print(f"auto: {choice.describe()}", file=sys.stderr)
+        shape = choice.shape
     if special:  # raw text: the continuation is printed after the prompt's own tokens
         shown = ids.tolist()
     else:  # a chat turn: show the user's message, then the answer alone

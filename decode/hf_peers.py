@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from decode.generate import Generation
 from decode.metrics import GenStats
+from decode.options import parse_kv
 from decode.sampling import SamplingConfig
 from decode.target import Target, check_same_tokenizer
 
@@ -97,13 +98,11 @@ class HFPeer:
 
 def make_hf_peer(spec: str, target: Target, draft_len: int) -> HFPeer:
     """The HF peer a SPEC names (see HF_FORMS); assisted peers draft chains of `draft_len` tokens."""
-    from drafters.registry import parse_kv
-
     name, _, arg = spec.partition(":")
     if name == "hf-generate" and not arg:
         return HFPeer(spec, target, {})
     if name == "hf-prompt-lookup":
-        kv = parse_kv(arg, {"ngram": 3, "k": 10}, spec)
+        kv = parse_kv(arg, {"ngram": 3, "k": 10}, f"drafter {spec!r}")
         return HFPeer(spec, target, {"prompt_lookup_num_tokens": int(kv["k"]),
                                      "max_matching_ngram_size": int(kv["ngram"])})
     if name == "hf-assisted":

@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from decode.target import DTYPES, Target, resolve_model_path
+from decode.target import DTYPES, Target, local_config, resolve_dtype, resolve_model_path
 
 OFFLOAD_MODES = ("none", "cpu", "disk")
 
@@ -208,8 +208,9 @@ def load_target(name_or_path: str | os.PathLike, dtype: str = "float32", attn: s
                 offload: OffloadConfig | None = None, resident_layers: int = 0) -> Target:
     """Load a target with its layers placed per `offload`; `resident_layers` = K layers drafting runs (never streamed)."""
     offload = offload or OffloadConfig()
+    dtype = resolve_dtype(dtype, execution_device(offload.device), local_config(name_or_path))
     if dtype not in DTYPES:
-        raise ValueError(f"dtype {dtype!r} not one of {sorted(DTYPES)}")
+        raise ValueError(f"dtype {dtype!r} not one of {sorted(DTYPES)} or 'auto'")
     if offload.mode == "none" and offload.max_memory is None:
         return Target.load(name_or_path, dtype=dtype, attn=attn, device=execution_device(offload.device))
     # 1. plan on an empty (meta) copy of the model: sizes only, no weights read.

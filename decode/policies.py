@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from decode.errors import TYPE_NAMES
+from decode.options import parse_kv
 from decode.tree import Shape
 
 # Seconds one target pass takes when it verifies `rows` rows (root + draft nodes).
@@ -239,15 +239,7 @@ def make_policy(spec: str, pass_cost: PassCost | None = None) -> Policy:
     if name not in POLICIES:
         raise ValueError(f"--policy {spec!r}: available policies are {sorted(POLICIES)}")
     build, defaults = POLICIES[name]
-    kw = dict(defaults)
-    for part in filter(None, arg.split(",")):
-        key, eq, val = part.partition("=")
-        if not eq or key not in defaults:
-            raise ValueError(f"--policy {spec!r}: option {part!r} not one of {sorted(defaults) or 'none'} (key=value)")
-        try:
-            kw[key] = type(defaults[key])(val)
-        except ValueError:
-            raise ValueError(f"--policy {spec!r}: {key} needs {TYPE_NAMES[type(defaults[key])]}, got {val!r}") from None
+    kw = parse_kv(arg, defaults, f"--policy {spec!r}")
     if kw.get("max", 0) < 0 or not 0.0 <= kw.get("decay", 0.0) <= 1.0:
         raise ValueError(f"--policy {spec!r}: max must be >= 0 and decay in [0, 1]")
     return build(Costs(pass_cost), **kw)

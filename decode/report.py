@@ -149,6 +149,67 @@ def fmt(x, spec: str = ".2f") -> str:
     return format(x, spec)
 
 
+# --- short row labels -------------------------------------------------------------------
+
+OWN_TREES = ("prompt-lookup", "lookahead")  # drafters that propose their own trees: no shape to show
+
+
+def shape_label(shape: str | None) -> str:
+    """`chain k=8` -> `chain 8`, `dynamic:topk=8,depth=6,nodes=24` -> `tree 24`, `static nodes=9` -> `static 9`."""
+    if not shape:
+        return ""
+    if shape.startswith("chain k="):
+        return f"chain {shape.removeprefix('chain k=')}"
+    if shape.startswith("dynamic:"):
+        opts = dict(kv.partition("=")[::2] for kv in shape.removeprefix("dynamic:").split(","))
+        return f"tree {opts.get('nodes', '?')}"
+    if shape.startswith("static nodes="):
+        return f"static {shape.removeprefix('static nodes=')}"
+    return shape
+
+
+def drafter_kind(spec: str, kind: str | None = None) -> str:
+    """A row's draft source in a few characters: `early-exit:4`, `prompt-lookup`, `draft-model`, `AR`, or
+    `kind` (a checkpoint's drafter kind, e.g. eagle3) for a directory, else the directory's own name."""
+    base = spec.rpartition("@")[0] if "@" in spec else spec
+    name = base.partition(":")[0]
+    if base == "ar":
+        return "AR"
+    if name in OWN_TREES or name == "draft-model":
+        return name
+    if name in ("early-exit", "skip") or base.startswith("hf-"):
+        return base
+    return kind or Path(base).name
+
+
+def row_label(spec: str, shape: str | None, kind: str | None = None, auto: bool = False) -> str:
+    """The short label a plot shows for a row: `eagle3 · tree 24`, `prompt-lookup`, `early-exit:4 · chain 8`,
+    `medusa · auto: tree 16` (the full SPEC goes in report.md)."""
+    who = drafter_kind(spec, kind)
+    if who == "AR" or who.startswith("hf-"):
+        return who
+    own = who in OWN_TREES
+    what = "" if own else shape_label(shape)
+    if auto:
+        return f"{who} · auto" + (f": {what}" if what else "")
+    return f"{who} · {what}" if what else who
+
+
+def label_of(d: dict) -> str:
+    """row_label of a report.json drafter entry."""
+    return row_label(d["spec"], d.get("shape"), d.get("drafter_kind"), bool(d.get("auto")))
+
+
+def per_conversation_tau(d: dict) -> list[float]:
+    """τ of each conversation (all its turns) of a drafter entry, in first-seen order."""
+    tok: dict[str, list[int]] = {}
+    for row in d["prompts"]:
+        t = tok.setdefault(row["id"], [0, 0])
+        t[0] += row["new_tokens"]
+        t[1] += row["target_forward_passes"]
+    return [n / p for n, p in tok.values() if p]
+
+
 def markdown(report: dict) -> str:
     """report.md: the main table, the cost model, per-category τ, acceptance by depth, the plots."""
     st, ds = report["settings"], report["drafters"]
@@ -157,14 +218,14 @@ def markdown(report: dict) -> str:
              f"target `{st.get('target')}` · prompts `{st.get('prompts')}` ({st.get('turns')} turns) · "
              f"max_new_tokens {st.get('max_new_tokens')} · temperature {st.get('temperature')} · "
              f"tree `{st.get('tree')}` · draft_len {st.get('draft_len')} · policy `{st.get('policy')}`", "",
-             "| drafter | τ | tokens/s | speedup vs AR | matches AR | target passes | drafter passes | "
+             "| row | SPEC | τ | tokens/s | speedup vs AR | matches AR | target passes | drafter passes | "
              "draft / verify / commit s | " + " | ".join(f"proj. speedup @ {c:g} s" for c in costs) + " |",
-             "|---" * (8 + len(costs)) + "|"]
+             "|---" * (9 + len(costs)) + "|"]
     for d in ds:
         split = d["time_split_s"]
         split_s = " / ".join(f"{split[k]:.2f}" for k in ("draft", "verify", "commit")) if split else "–"
         proj = [fmt(r["speedup_vs_ar"]) for r in d["cost_model"]] if d["cost_model"] else ["–"] * len(costs)
-        lines.append(f"| {d['name']} | {d['mean_accepted_tokens']:.3f} | {d['tokens_per_s']:.1f} | "
+        lines.append(f"| {label_of(d)} | `{d['name']}` | {d['mean_accepted_tokens']:.3f} | {d['tokens_per_s']:.1f} | "
                      f"{d['speedup_vs_ar']:.2f} | {fmt(d['matches_ar'])} | {d['target_forward_passes']} | "
                      f"{d['drafter_forward_passes']} | {split_s} | " + " | ".join(proj) + " |")
     lines += ["", f"Cost model: {report['cost_model']['formula']}.", ""]
@@ -173,7 +234,7 @@ def markdown(report: dict) -> str:
     for d in ds:
         row = [fmt(d["per_category"][c]["mean_accepted_tokens"], ".3f") if c in d["per_category"] else "–"
                for c in cats]
-        lines.append(f"| {d['name']} | " + " | ".join(row) + " |")
+        lines.append(f"| {label_of(d)} | " + " | ".join(row) + " |")
     depth = max((len(d["acceptance_by_depth"] or []) for d in ds), default=0)
     if depth:
         lines += ["", "## Acceptance by depth (P(accepted ≥ d | drafted to depth d))", "",
@@ -181,69 +242,137 @@ def markdown(report: dict) -> str:
         for d in ds:
             acc = d["acceptance_by_depth"] or []
             if acc:
-                lines.append(f"| {d['name']} | " + " | ".join(fmt(a) for a in acc) + " |" * (1 + depth - len(acc)))
+                lines.append(f"| {label_of(d)} | " + " | ".join(fmt(a) for a in acc) + " |" * (1 + depth - len(acc)))
+    autos = [d for d in ds if d.get("auto")]
+    if autos:
+        lines += ["", "## --tree auto: predicted vs measured", "",
+                  "Predicted from the calibrated acceptance by (depth, rank) and the pass-cost curve measured in this "
+                  "run (decode.autoshape); τ predicted per round, measured over the run (prefill pass included).", "",
+                  "| row | shape chosen | τ predicted | τ measured | speedup predicted | speedup measured | calibration |",
+                  "|---|---|---|---|---|---|---|"]
+        for d in autos:
+            a = d["auto"]
+            src = ("cached " if a["calibration_cached"] else "") + (f"`{a['calibration']}`" if a["calibration"] else "–")
+            lines.append(f"| {label_of(d)} | `{a['shape']}` | {fmt(a['predicted_tau'])} | {fmt(a['measured_tau'])} | "
+                         f"{fmt(a['predicted_speedup_vs_ar'])} | {fmt(a['measured_speedup_vs_ar'])} | {src} |")
     lines += ["", *[f"![{p[:-4]}]({p})" for p in PLOTS], ""]
     return "\n".join(lines)
 
 
+def row_color(d: dict) -> str:
+    """Trained checkpoints blue, training-free sources orange, HF peers and AR gray."""
+    who = drafter_kind(d["spec"], d.get("drafter_kind"))
+    if d["kind"] == "hf" or who == "AR":
+        return "tab:gray"
+    return "tab:orange" if who.partition(":")[0] in (*OWN_TREES, "early-exit", "skip", "draft-model") else "tab:blue"
+
+
+def spread_bars(ax, labels: list[str], values: list[float], spreads: list[list[float]], colors: list[str],
+                ref: float, fmt_value: str, xlabel: str) -> None:
+    """Horizontal bars (first row on top) with min..max whiskers over conversations and a dashed line at `ref`."""
+    y = list(range(len(labels)))
+    lo = [v - min(s) if s else 0.0 for v, s in zip(values, spreads)]
+    hi = [max(s) - v if s else 0.0 for v, s in zip(values, spreads)]
+    ax.barh(y, values, color=colors, height=0.65, xerr=[[max(0.0, x) for x in lo], [max(0.0, x) for x in hi]],
+            error_kw={"ecolor": "black", "elinewidth": 0.9, "capsize": 2.5})
+    ax.axvline(ref, color="black", lw=0.9, ls="--", zorder=0)
+    right = max([v + h for v, h in zip(values, hi)] + [ref])
+    for i, (v, h) in enumerate(zip(values, hi)):
+        ax.text(v + max(h, 0.0) + 0.015 * right, i, format(v, fmt_value), va="center", fontsize=8,
+                bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5})  # readable over the AR line
+    ax.set_xlim(0, right * 1.18)
+    ax.set_yticks(y, labels)
+    ax.set_xlabel(xlabel)
+    ax.grid(axis="x", alpha=0.3)
+
+
 def plot(report: dict, out: Path) -> list[Path]:
-    """τ per drafter, acceptance by depth, histogram of accepted lengths (PNG, Agg backend)."""
+    """τ and speedup per row (horizontal bars, whiskers = spread over conversations), acceptance by depth,
+    accepted lengths (PNG, Agg backend). Rows carry short labels (row_label); report.md has the full SPECs."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
     ds = report["drafters"]
+    labels = {d["spec"]: label_of(d) for d in ds}
     drafted = [d for d in ds if d["acceptance_by_depth"]]
     figs = []
 
-    fig, ax = plt.subplots(figsize=(max(5, 0.9 * len(ds) + 2), 4))
-    bars = ax.bar([d["name"] for d in ds], [d["mean_accepted_tokens"] for d in ds],
-                  color=["tab:gray" if d["kind"] == "hf" else "tab:blue" for d in ds])
-    ax.bar_label(bars, fmt="%.2f", fontsize=8)
-    ax.axhline(1.0, color="gray", lw=0.8, ls="--")
-    ax.set_ylabel("τ (tokens per target pass)")
-    ax.set_title("Mean accepted tokens per target pass (gray: HF peers)")
-    plt.setp(ax.get_xticklabels(), rotation=30, ha="right")
+    # 1. τ | speedup, one row per drafter, AR first
+    colors = [row_color(d) for d in ds]
+    fig, (ax_t, ax_s) = plt.subplots(1, 2, sharey=True, figsize=(10, 0.4 * len(ds) + 1.5), layout="constrained")
+    spread_bars(ax_t, [labels[d["spec"]] for d in ds], [d["mean_accepted_tokens"] for d in ds],
+                [per_conversation_tau(d) for d in ds], colors, 1.0, ".2f", "τ (tokens per target pass; AR = 1)")
+    spread_bars(ax_s, [labels[d["spec"]] for d in ds], [d["speedup_vs_ar"] for d in ds],
+                [d.get("speedup_vs_ar_per_conversation") or [] for d in ds], colors, 1.0, ".2f",
+                "speedup vs AR (tokens/s; AR = 1.0×)")
+    ax_t.invert_yaxis()  # AR on top (the axes share y: invert once)
+    st = report["settings"]
+    fig.suptitle(f"{Path(str(st.get('target'))).name} · {st.get('conversations', st.get('turns'))} conversations · "
+                 f"{st.get('dtype', '')} · whiskers: min–max over conversations", fontsize=10)
+    kinds = [("tab:blue", "trained drafter"), ("tab:orange", "training-free"), ("tab:gray", "AR / HF peer")]
+    fig.legend(handles=[Patch(color=c, label=n) for c, n in kinds if c in colors], loc="outside lower center",
+               ncol=3, frameon=False, fontsize=8)
     figs.append((fig, "tau.png"))
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    # 2. acceptance by depth: one line per drafted row (a colour per drafter, the line style by shape:
+    #    chain solid, tree dashed, auto dotted), the legend beside the axes
+    fig, ax = plt.subplots(figsize=(9, 4.2))
+    palette = plt.get_cmap("tab10").colors
+    kinds = list(dict.fromkeys(drafter_kind(d["spec"], d.get("drafter_kind")) for d in drafted))
     for d in drafted:
         acc = d["acceptance_by_depth"]
-        ax.plot(range(1, len(acc) + 1), acc, marker="o", label=d["name"])
+        style = ":" if d.get("auto") else "-" if (d.get("shape") or "chain").startswith("chain") else "--"
+        color = palette[kinds.index(drafter_kind(d["spec"], d.get("drafter_kind"))) % len(palette)]
+        ax.plot(range(1, len(acc) + 1), acc, marker="o", ms=4, ls=style, color=color, label=labels[d["spec"]])
     ax.set_xlabel("draft depth d")
-    ax.set_ylabel("P(accepted ≥ d)")
+    ax.set_ylabel("P(accepted ≥ d | drafted to d)")
     ax.set_ylim(0, 1.05)
+    ax.grid(alpha=0.3)
     ax.set_title("Acceptance by depth")
     if drafted:
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False)
     else:
         ax.text(0.5, 0.5, "no drafts in this run", ha="center", transform=ax.transAxes)
     figs.append((fig, "acceptance_by_depth.png"))
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    width = 0.8 / max(1, len(drafted))
-    for j, d in enumerate(drafted):
+    # 3. accepted lengths: per row, the share of rounds that accepted 0, 1, 2, ... draft tokens (stacked)
+    fig, ax = plt.subplots(figsize=(10, 0.42 * max(1, len(drafted)) + 1.6))
+    longest = max((len(d["accepted_length_histogram"]) for d in drafted), default=0)
+    viridis = plt.get_cmap("viridis", max(2, longest - 1))
+
+    def cmap(k: int):  # 0 accepted (the bonus only) in gray, then dark to light
+        return "0.82" if k == 0 else viridis(k - 1)
+
+    for i, d in enumerate(drafted):
         h = d["accepted_length_histogram"]
-        n = sum(h) or 1
-        ax.bar([i + j * width for i in range(len(h))], [c / n for c in h], width=width, label=d["name"])
-    ax.set_xlabel("accepted draft tokens per round")
-    ax.set_ylabel("fraction of rounds")
-    ax.set_title("Accepted lengths")
+        n, left = sum(h) or 1, 0.0
+        for k, c in enumerate(h):
+            ax.barh(i, c / n, left=left, color=cmap(k), height=0.65)
+            left += c / n
+    ax.set_yticks(range(len(drafted)), [labels[d["spec"]] for d in drafted])
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("share of rounds")
+    ax.set_title("Accepted draft tokens per round")
     if drafted:
-        ax.legend(fontsize=8)
+        handles = [Patch(color=cmap(k), label=str(k)) for k in range(longest)]
+        ax.legend(handles=handles, title="accepted", fontsize=8, title_fontsize=8, loc="upper left",
+                  bbox_to_anchor=(1.01, 1.0), frameon=False)
     else:
         ax.text(0.5, 0.5, "no drafts in this run", ha="center", transform=ax.transAxes)
     figs.append((fig, "accepted_lengths.png"))
 
     paths = []
     for fig, name in figs:
-        fig.tight_layout()
+        if fig.get_layout_engine() is None:
+            fig.tight_layout()
         atomic_write(out / name, lambda tmp, fig=fig: fig.savefig(tmp, format="png", dpi=100))
         plt.close(fig)
         paths.append(out / name)
     return paths
-
 
 def write_report(report: dict, out: str | Path) -> list[Path]:
     """report.json, report.md and the plots under `out`; returns the paths written."""

@@ -117,7 +117,7 @@ class CachedLM:
                 logits, state = self.run(torch.tensor(tokens, device=self.device), positions, mask, self.cache)
             self.passes += 1
             self.states.append(state)
-            return torch.log_softmax(logits.float(), dim=-1)
+            return torch.log_softmax(logits, dim=-1, dtype=torch.float32)  # fp32 result, no fp32 copy of bf16 logits
 
         tree = grow(step, self.context[-1], budget.shape, sampler(budget))
         # Everything before the pending token is committed now; the root's own row stays cached

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from decode.errors import TYPE_NAMES
+from decode.options import parse_kv
 from decode.protocol import Drafter
 from decode.target import Target
 
@@ -21,20 +21,6 @@ SPEC_FORMS = [
 ]
 
 
-def parse_kv(arg: str, defaults: dict[str, int | float], spec: str) -> dict[str, int | float]:
-    """`a=1,b=2` -> dict, checked against `defaults` (which also give the types)."""
-    out = dict(defaults)
-    for part in filter(None, arg.split(",")):
-        key, eq, val = part.partition("=")
-        if not eq or key not in defaults:
-            raise ValueError(f"drafter {spec!r}: option {part!r} not one of {sorted(defaults)} (form key=value)")
-        try:
-            out[key] = type(defaults[key])(val)
-        except ValueError:
-            raise ValueError(f"drafter {spec!r}: {key} needs {TYPE_NAMES[type(defaults[key])]}, got {val!r}") from None
-    return out
-
-
 def _ints(arg: str, spec: str) -> list[int]:
     try:
         return [int(x) for x in arg.split(",") if x]
@@ -43,7 +29,7 @@ def _ints(arg: str, spec: str) -> list[int]:
 
 
 def _early_exit(target: Target, arg: str, spec: str) -> Drafter:
-    from drafters.early_exit import early_exit
+    from drafters.sources.early_exit import early_exit
 
     ks = _ints(arg, spec)
     if len(ks) != 1:
@@ -52,13 +38,13 @@ def _early_exit(target: Target, arg: str, spec: str) -> Drafter:
 
 
 def _skip(target: Target, arg: str, spec: str) -> Drafter:
-    from drafters.skip import skip_layers
+    from drafters.sources.skip import skip_layers
 
     return skip_layers(target, _ints(arg, spec))
 
 
 def _draft_model(target: Target, arg: str, spec: str) -> Drafter:
-    from drafters.draft_model import draft_model
+    from drafters.sources.draft_model import draft_model
 
     if not arg:
         raise ValueError("drafter 'draft-model:DIR' needs a model directory")
@@ -67,22 +53,22 @@ def _draft_model(target: Target, arg: str, spec: str) -> Drafter:
 
 
 def _ar(target: Target, arg: str, spec: str) -> Drafter:
-    from drafters.ar import ARDrafter
+    from drafters.sources.ar import ARDrafter
 
     return ARDrafter()
 
 
 def _prompt_lookup(target: Target, arg: str, spec: str) -> Drafter:
-    from drafters.prompt_lookup import PromptLookupDrafter
+    from drafters.sources.prompt_lookup import PromptLookupDrafter
 
-    kw = parse_kv(arg, {"ngram": 3, "min": 1, "k": 10, "branches": 4}, spec)
+    kw = parse_kv(arg, {"ngram": 3, "min": 1, "k": 10, "branches": 4}, f"drafter {spec!r}")
     return PromptLookupDrafter(kw["ngram"], kw["min"], kw["k"], kw["branches"])
 
 
 def _lookahead(target: Target, arg: str, spec: str) -> Drafter:
-    from drafters.lookahead import LookaheadDrafter
+    from drafters.sources.lookahead import LookaheadDrafter
 
-    kw = parse_kv(arg, {"window": 8, "ngram": 4, "guesses": 8}, spec)
+    kw = parse_kv(arg, {"window": 8, "ngram": 4, "guesses": 8}, f"drafter {spec!r}")
     return LookaheadDrafter(target, kw["window"], kw["ngram"], kw["guesses"])
 
 
@@ -97,13 +83,13 @@ FACTORIES: dict[str, Callable[[Target, str, str], Drafter]] = {
 }
 
 def _native_dir(target: Target, path: Path) -> Drafter | None:
-    from drafters.checkpoint import load_as_drafter
+    from drafters.serving.checkpoint import load_as_drafter
 
     return load_as_drafter(target, path)
 
 
 def _engine_dir(target: Target, path: Path) -> Drafter | None:
-    from drafters.engine_dirs import load_as_drafter
+    from drafters.serving.engine_dirs import load_as_drafter
 
     return load_as_drafter(target, path)
 
@@ -120,7 +106,7 @@ RESIDENT: dict[str, Callable[[str, str], int]] = {
 }
 def _native_resident(path: Path) -> int | None:
     """A LayerSkip exit_head checkpoint drafts through the target's first draft_exit layers."""
-    from drafters.checkpoint import read_meta
+    from drafters.serving.checkpoint import read_meta
 
     meta = read_meta(path)
     if meta is None or meta["draftsmith_drafter"] != "layerskip" or meta["config"].get("mode") != "exit_head":

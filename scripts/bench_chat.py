@@ -1,8 +1,8 @@
 """The real-chat-model table: MT-bench and Spec-Bench on SmolLM2-135M-Instruct, every row measured in one run.
 
 Rows: our `ar`, the untrained `early-exit:4` / `early-exit:8` (the mission's first-4/8-layer baseline),
-`prompt-lookup`, `lookahead`, each trained drafter given as an argument (chain k=8 and a dynamic
-tree), and HF `generate()` / HF prompt lookup as peers. Columns: τ, tokens/s, speedup vs our AR
+`prompt-lookup`, `lookahead`, each trained drafter given as an argument (chain k=8, a dynamic
+tree, and `--tree auto`: the shape decode.autoshape predicts fastest, its prediction beside the measurement), and HF `generate()` / HF prompt lookup as peers. Columns: τ, tokens/s, speedup vs our AR
 (with its spread), matches_ar, and the projected speedup at a 20 s target pass (a streamed 14B).
 
 Timing is **interleaved** (decode.evaluate.interleaved) so that a change in the shared machine's
@@ -11,7 +11,7 @@ row order rotated per conversation; the table gives each row's overall tokens/s 
 median [min, max] of the per-conversation ratios (the spread).
 
     python scripts/bench_chat.py [--target DIR] [--suite mt-bench|spec-bench|both] [--limit N]
-        [--per-category N] [--first-turn-only] [--max-new-tokens N] [--dtype float32|bfloat16] [--threads 1]
+        [--per-category N] [--first-turn-only] [--max-new-tokens N] [--dtype auto|float32|bfloat16] [--threads 1]
         [--tree dynamic:topk=8,depth=6,nodes=24] [--out DIR] [TRAINED_DRAFTER_DIR ...]
 """
 
@@ -38,10 +38,10 @@ PEERS = ["hf-generate", "hf-prompt-lookup"]
 
 
 def row_specs(untrained: list[str], trained: list[str], tree: str) -> list[str]:
-    """AR first, then the untrained rows, each trained drafter as a chain and as a tree, then the HF peers."""
+    """AR first, then the untrained rows, each trained drafter as a chain, a tree and auto, then the HF peers."""
     specs = ["ar", *untrained]
     for d in trained:
-        specs += [d, f"{d}@{tree}"]
+        specs += [d, f"{d}@{tree}", f"{d}@auto"]
     return specs + PEERS
 
 
@@ -80,6 +80,19 @@ def print_categories(report: dict, file=sys.stdout) -> None:
                                          if c in d["per_category"] else f"{'-':>11}" for c in cats), file=file)
 
 
+def print_auto(report: dict, file=sys.stdout) -> None:
+    """--tree auto rows: the shape chosen, predicted vs measured τ and speedup."""
+    rows = [d for d in report["drafters"] if d.get("auto")]
+    if rows:
+        print(f"\n{'auto row':<52} {'shape':<34} {'tau pred':>8} {'meas':>6} {'speedup pred':>12} {'meas':>6}", file=file)
+    for d in rows:
+        a, name = d["auto"], d["name"].replace(str(REPO) + "/", "")
+        pred = (f"{a['predicted_tau']:>8.2f}", f"{a['predicted_speedup_vs_ar']:>12.2f}") if a["predicted_tau"] else \
+            (f"{'-':>8}", f"{'-':>12}")
+        print(f"{name:<52} {a['shape']:<34} {pred[0]} {a['measured_tau']:>6.2f} {pred[1]} "
+              f"{a['measured_speedup_vs_ar']:>6.2f}", file=file)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("drafters", nargs="*", help="trained drafter directories (native or exported)")
@@ -93,7 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft-len", type=int, default=8)
     ap.add_argument("--tree", default="dynamic:topk=8,depth=6,nodes=24", help="the trained drafters' tree row")
     ap.add_argument("--untrained", nargs="*", default=UNTRAINED, metavar="SPEC", help="the untrained rows")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                    help="auto: bfloat16 where the hardware has it (greedy rows may then leave AR's at near-ties: "
+                         "reported with AR's top-2 margin); float32 for token-identical rows")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=None, help="write report.json/report.md/plots per suite under this directory")
     args = ap.parse_args(argv)
@@ -108,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     target = Target.load(args.target, dtype=args.dtype)
+    dtype = str(target.dtype).removeprefix("torch.")
+    print(f"dtype: {dtype}" + (" (auto)" if args.dtype == "auto" else ""), file=sys.stderr)
     cfg = EvalConfig(max_new_tokens=args.max_new_tokens, draft_len=args.draft_len)
     specs = row_specs(args.untrained, args.drafters, args.tree)
     runners = [(s, make_run(s, target, cfg)) for s in specs]  # every SPEC resolved before anything runs
@@ -118,15 +135,17 @@ def main(argv: list[str] | None = None) -> int:
             convs = first_per_category(convs, args.per_category)
         if args.first_turn_only:
             convs = [Conversation(c.id, c.category, c.turns[:1]) for c in convs]
-        meta = {"target": args.target, "prompts": str(SUITES[suite]), "dtype": args.dtype}
-        report = evaluate(target, runners, convs, cfg, [20.0], meta)
+        meta = {"target": args.target, "prompts": str(SUITES[suite]), "dtype": dtype}
+        report = evaluate(target, runners, convs, cfg, [20.0], meta, run_dir=str(Path(args.out) / suite) if args.out
+                          else None)
         if args.out:
             write_report(report, Path(args.out) / suite)
         turns = "first turns" if args.first_turn_only else "all turns"
         print_table(report, f"\n{suite}: {len(convs)} conversations ({report['settings']['turns']} turns, "
-                    f"{turns}), {args.max_new_tokens} new tokens, greedy, {args.dtype}, {args.threads} thread(s); "
+                    f"{turns}), {args.max_new_tokens} new tokens, greedy, {dtype}, {args.threads} thread(s); "
                     f"chain k={args.draft_len} unless @tree; interleaved timing")
         print_categories(report)
+        print_auto(report)
         print_divergences(report)
     print("\nvs AR: total tokens/s over our AR's in the same run; spread: that ratio per conversation. "
           "@20s: projected speedup vs AR at a 20 s target pass (measured tau and drafting cost).")

@@ -7,7 +7,7 @@
 2. regeneration (the recipes' sampling: temperature 0.7, top-p 0.95): `--regen-prompts` contexts (MT-bench
    questions through the chat template; a target without one: stories from its start token) answered with
    <= `--max-new-tokens` each by hf in fp32 and in bf16 (train/regen.py's length-bucketed batches), and by
-   vLLM (drafters/vllm_env.py) when this environment or the side venv has it and it takes the target;
+   vLLM (drafters/serving/vllm_env.py) when this environment or the side venv has it and it takes the target;
    vLLM's tok/s is timed inside the worker (its `generate`), its start-up reported apart;
 3. features: the frozen target over `--seqs` x `--seq-len` token rows (train/features.py
    `compute_features`, the hidden ids the four drafters need, no top-k), fp32 and bf16 target;
@@ -38,11 +38,10 @@ from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from decode.precision import bf16_reason  # noqa: E402
 from decode.prompts import load_prompts  # noqa: E402
-from decode.target import Target  # noqa: E402
-from drafters.checkpoint import drafter_kinds  # noqa: E402
-from drafters.vllm_env import cpu_head_dim_ok, find_engine_python, run_worker, vllm_in_this_env  # noqa: E402
+from decode.target import Target, has_bf16  # noqa: E402
+from drafters.serving.checkpoint import drafter_kinds  # noqa: E402
+from drafters.serving.vllm_env import cpu_head_dim_ok, find_engine_python, run_worker, vllm_in_this_env  # noqa: E402
 from train.config import load_recipe  # noqa: E402
 from train.data import RegenConfig  # noqa: E402
 from train.features import compute_features  # noqa: E402
@@ -234,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         else REPO / "recipes" / ("stories260K" if target_dir.name == "stories260K" else "smollm2-135m")
     )
     print(
-        f"bf16 here: {bf16_reason('cpu') or 'not native'}; {args.threads} thread(s); target {target_dir}",
+        f"bf16 in hardware: {'yes' if has_bf16('cpu') else 'no'}; {args.threads} thread(s); target {target_dir}",
         flush=True,
     )
 
@@ -285,9 +284,9 @@ def main(argv: list[str] | None = None) -> int:
             work = Path(args.out).with_suffix("") / "vllm"
             add(
                 "regeneration vllm",
-                "bf16" if bf16_reason("cpu") else "fp32",
+                "bf16" if has_bf16("cpu") else "fp32",
                 bench_regen_vllm(
-                    targets["bf16" if bf16_reason("cpu") else "fp32"], contexts, cfg, stop, work
+                    targets["bf16" if has_bf16("cpu") else "fp32"], contexts, cfg, stop, work
                 ),
             )
     # 3. features, 4. training (the batch from the fp32 target, as an offline cache would give it)
@@ -331,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
                 "target": str(target_dir),
                 "threads": args.threads,
                 "peak_gflop_per_s": peak,
-                "bf16_native": bf16_reason("cpu"),
+                "bf16_in_hardware": has_bf16("cpu"),
                 "settings": vars(args),
                 "rows": rows,
             },

@@ -43,8 +43,8 @@ from decode.metrics import GenStats  # noqa: E402
 from decode.policies import constant_cost, make_policy  # noqa: E402
 from decode.target import Target  # noqa: E402
 from decode.tree import Shape  # noqa: E402
-from drafters.ar import ARDrafter  # noqa: E402
 from drafters.registry import make_drafter  # noqa: E402
+from drafters.sources.ar import ARDrafter  # noqa: E402
 
 
 @dataclass

@@ -83,8 +83,8 @@ def main() -> int:
     for kind in args.kinds:
         drafters += [f"{args.out}/{kind}/export", f"{args.out}/{kind}/export@{TREE}"]
     cmd = [sys.executable, "-m", "decode.evaluate", "--target", "recipes/targets/stories260K", "--prompts",
-           "recipes/prompts/stories_dev.txt", "--max-new-tokens", str(args.max_new_tokens), "--threads", "1", "--out",
-           str(out / "eval")] + (["--limit", str(args.limit)] if args.limit else [])
+           "recipes/prompts/stories_dev.txt", "--max-new-tokens", str(args.max_new_tokens), "--threads", "1", "--dtype",
+           "float32", "--out", str(out / "eval")] + (["--limit", str(args.limit)] if args.limit else [])
     for d in drafters:
         cmd += ["--drafter", d]
     print(f"\n## decoding (dev prompts, greedy, {args.max_new_tokens} new tokens; chain k=8 and {TREE})", flush=True)

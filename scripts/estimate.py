@@ -29,9 +29,9 @@ def build(config_path: str):
 
 
 def drafters(target) -> dict[str, torch.nn.Module]:
-    from drafters.eagle import Eagle1, Eagle3
-    from drafters.layerskip import LayerSkip, LayerSkipConfig
-    from drafters.medusa import Medusa
+    from drafters.trainable.eagle import Eagle1, Eagle3
+    from drafters.trainable.layerskip import LayerSkip, LayerSkipConfig
+    from drafters.trainable.medusa import Medusa
 
     L = target.num_layers  # the drafters follow the target's (meta) device
     return {"eagle3": Eagle3(target), "eagle1": Eagle1(target), "medusa": Medusa(target),

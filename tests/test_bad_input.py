@@ -54,7 +54,7 @@ def base(tmp_path_factory) -> Path:
     """target/ (the bundled stories target), eagle1/ (a native checkpoint for it), data.jsonl, a feature
     cache and a training run with a checkpoint."""
     from decode.target import Target
-    from drafters.checkpoint import new_drafter, save_drafter
+    from drafters.serving.checkpoint import new_drafter, save_drafter
 
     root = tmp_path_factory.mktemp("base")
     shutil.copytree(STORIES, root / "target")

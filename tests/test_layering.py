@@ -7,7 +7,13 @@ is still that cycle. The rules:
   2. decode's modules import no drafter, except its CLI front ends, which resolve SPEC strings through
      `drafters.registry` only, and only inside functions (so importing decode.generate for its loop
      loads no drafter);
-  3. no package's import graph has a cycle (the failure names one).
+  3. no package's import graph has a cycle (the failure names one);
+  4. drafters/ in its three parts: a draft source (drafters/sources/) imports no trainable drafter and nothing
+     of the serving side; a trainable drafter (drafters/trainable/) may build on the sources (LayerSkip drafts
+     as an early exit) but imports nothing of the serving side; the serving side (drafters/serving/) may
+     import them all. drafters/common.py, the machinery sources and trainable drafters share, imports no
+     part; drafters/registry.py (SPEC strings) may import every part. Every other drafters module lives in
+     a part (the thin `python -m drafters.export|doctor` entry points excepted).
 """
 
 from __future__ import annotations
@@ -21,6 +27,16 @@ PACKAGES = ("decode", "drafters", "train")
 # reach a drafter, and only through the registry.
 FRONT_ENDS = {"decode.cli", "decode.evaluate", "decode.generate", "decode.hf_peers"}
 REGISTRY = "drafters.registry"
+# drafters' parts and the parts each may import (itself included); a part not listed may import every part.
+MAY_IMPORT = {
+    "drafters.sources": {"drafters.common", "drafters.sources"},
+    "drafters.trainable": {"drafters.common", "drafters.sources", "drafters.trainable"},
+    "drafters.common": {"drafters.common"},
+}
+# The drafters modules outside the three parts: the package, the shared machinery, the SPEC registry and
+# the documented `python -m drafters.export|doctor` entry points (each one line into drafters/serving/).
+TOP_LEVEL = {"drafters", "drafters.common", "drafters.registry", "drafters.export", "drafters.doctor"}
+PARTS = ("drafters.sources", "drafters.trainable", "drafters.serving")
 
 
 def module_name(path: Path) -> str:
@@ -122,6 +138,31 @@ def test_drafters_import_nothing_from_train():
     assert not bad, "drafters must not import train (a drafter's objective lives with the drafter):\n" + "\n".join(bad)
 
 
+def part_of(module: str) -> str:
+    """drafters.sources.ar -> drafters.sources; drafters.common -> drafters.common."""
+    return ".".join(module.split(".")[:2])
+
+
+def part_violations(graph: dict[str, list[tuple[str, int, bool]]]) -> list[str]:
+    """Imports between drafters' parts that MAY_IMPORT does not allow, and drafters modules in no part."""
+    bad = []
+    for mod, found in graph.items():
+        if mod.split(".")[0] != "drafters":
+            continue
+        if mod not in TOP_LEVEL and part_of(mod) not in PARTS:
+            bad.append(f"{mod} lives in no part of drafters/ (put it in {', '.join(PARTS)})")
+        allowed = MAY_IMPORT.get(part_of(mod))
+        for target, line, _ in found:
+            if allowed is not None and target.split(".")[0] == "drafters" and part_of(target) not in allowed:
+                bad.append(f"{mod}:{line} imports {target} ({part_of(mod)} may import only {sorted(allowed)})")
+    return bad
+
+
+def test_drafters_parts_import_one_way():
+    bad = part_violations(import_graph())
+    assert not bad, "drafters/ parts: sources <- trainable <- serving:\n" + "\n".join(bad)
+
+
 def test_no_import_cycles():
     graph = import_graph()
     for pkg in PACKAGES:
@@ -134,8 +175,17 @@ def test_no_import_cycles():
 def test_the_checker_sees_every_kind_of_import():
     """The walker finds function-level, TYPE_CHECKING and `from pkg import module` imports, and cycles."""
     src = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from train.config import Recipe\n"
-           "def f():\n    from train import loop\n    import drafters.eagle\n")
+           "def f():\n    from train import loop\n    import drafters.trainable.eagle\n")
     got = parse_imports(src, "train.probe", "train", set(project_modules()))
-    assert got == [("train.config", 3, False), ("train.loop", 5, True), ("drafters.eagle", 6, True)]
+    assert got == [("train.config", 3, False), ("train.loop", 5, True), ("drafters.trainable.eagle", 6, True)]
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+    probe = {"drafters.sources.x": [("drafters.serving.export", 3, True), ("drafters.common", 4, False)],
+             "drafters.trainable.y": [("drafters.sources.x", 5, False), ("drafters.registry", 6, True)],
+             "drafters.serving.z": [("drafters.trainable.y", 7, False)], "drafters.stray": []}
+    assert part_violations(probe) == [
+        "drafters.sources.x:3 imports drafters.serving.export (drafters.sources may import only "
+        "['drafters.common', 'drafters.sources'])",
+        "drafters.trainable.y:6 imports drafters.registry (drafters.trainable may import only "
+        "['drafters.common', 'drafters.sources', 'drafters.trainable'])",
+        "drafters.stray lives in no part of drafters/ (put it in drafters.sources, drafters.trainable, drafters.serving)"]

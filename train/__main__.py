@@ -22,7 +22,7 @@ import sys
 import torch
 
 from decode.errors import check_out_dir, run_cli
-from drafters.checkpoint import drafter_kinds, save_drafter
+from drafters.serving.checkpoint import drafter_kinds, save_drafter
 from train.config import load_recipe, to_dict, with_feature_ids
 from train.dataset import training_data
 from train.features import Dist, build_cache, load_target, prepare_data, resolve_precision
@@ -39,12 +39,15 @@ def token_counts(dataset, vocab_size: int, limit: int = 20000) -> torch.Tensor:
     return counts
 
 
-def build_drafter(recipe, target, train_ds) -> torch.nn.Module:
-    """The trainable drafter module the recipe names, on the frozen target."""
+def build_drafter(recipe, target, train_ds, rank: int = 0) -> torch.nn.Module:
+    """The trainable drafter module the recipe names, on the frozen target (EAGLE's training noise seeded
+    from the run seed and this process's rank)."""
     cls, _ = drafter_kinds()[recipe.drafter.kind]
     cfg = recipe.drafter.selected()
     if recipe.drafter.kind == "eagle3":
-        return cls(target, cfg, token_counts=token_counts(train_ds, target.vocab_size))
+        return cls(target, cfg, token_counts=token_counts(train_ds, target.vocab_size), seed=recipe.seed, rank=rank)
+    if recipe.drafter.kind == "eagle1":
+        return cls(target, cfg, seed=recipe.seed, rank=rank)
     return cls(target, cfg)
 
 
@@ -85,7 +88,7 @@ def run(recipe) -> int:
     train_ds, featurize = training_data(recipe, target, "train", dist, recipe.train.pack_length, data, cache)
     eval_ds, _ = training_data(recipe, target, "eval", dist, recipe.train.pack_length, data, cache)
     # 3. the drafter, then 4. the loop.
-    drafter = build_drafter(recipe, target, train_ds).to(state.device)
+    drafter = build_drafter(recipe, target, train_ds, state.process_index).to(state.device)
     recipe_dict = to_dict(recipe)
     train(recipe, drafter, target, train_ds, eval_ds, featurize,
           export_fn=lambda d, out, state: save_drafter(d, out, recipe=recipe_dict, target_id=recipe.target, state=state))

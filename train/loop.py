@@ -25,11 +25,12 @@ from safetensors import SafetensorError
 from torch import nn
 
 from decode.errors import UserError, one_line
-from decode.precision import bf16_reason
-from drafters.losses import simulated_chain_tau as simulated_tau
+from decode.target import has_bf16
+from drafters.trainable.losses import simulated_chain_tau as simulated_tau
 from train.config import TrainConfig, dump_config
 from train.dataset import make_loader
 from train.killpoint import kill_point
+from train.optim import Chain, make_optimizers
 from train.simeval import CACHE_NAME as SIM_CACHE
 from train.simeval import load_or_build, prompt_set, sim_eval
 
@@ -92,7 +93,7 @@ def make_accelerator(cfg: TrainConfig, run_dir: Path):
     # step_scheduler_with_optimizer=False: accelerate would otherwise advance the schedule once per
     # process per step (it assumes the lr was tuned for one process); the schedule is per optimizer step.
     # an unresolved `auto` (train() called directly, not through `python -m train`): bf16 where native
-    mixed = cfg.mixed_precision if cfg.mixed_precision != "auto" else "bf16" if bf16_reason(PartialState().device) else "no"
+    mixed = cfg.mixed_precision if cfg.mixed_precision != "auto" else "bf16" if has_bf16(PartialState().device) else "no"
     if AcceleratorState._shared_state.get("_mixed_precision") not in (None, mixed):
         # a second run in this process (tests, a notebook) with another precision: accelerate's state is a
         # process-wide singleton that refuses the change, so drop it (the process state itself is kept)
@@ -216,12 +217,11 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
     if len(loader) == 0:
         raise ValueError(f"{len(train_ds)} training sequences make no full batch of {cfg.batch_size}: "
                          "lower train.batch_size or add data")
-    params = [p for p in drafter.parameters() if p.requires_grad]
-    if not params:
-        raise ValueError("the drafter has no trainable parameters")
-    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg))
-    model, opt, loader, sched = acc.prepare(LossModule(drafter), opt, loader, sched)
+    # AdamW, or Muon + AdamW (train/optim.py): one schedule each, the same lr factor; stepped as one (Chain)
+    opts = make_optimizers(drafter, cfg, acc.distributed_type.value)
+    scheds = [torch.optim.lr_scheduler.LambdaLR(o, lambda s: lr_factor(s, cfg)) for o in opts]
+    model, *prepared = acc.prepare(LossModule(drafter), *opts, loader, *scheds)
+    opt, loader, sched = Chain(prepared[: len(opts)]), prepared[len(opts)], Chain(prepared[len(opts) + 1:])
     if acc.is_main_process and cfg.report_to != "none":
         acc.init_trackers(recipe.name or "draftsmith", config={"recipe": str(recipe.name)})
 

@@ -20,7 +20,7 @@ rendering every context:
   - hf: HF `generate` on the target as loaded (bf16 where the hardware has it: features.target_dtype),
     batches of similar context length (`length_batches`); shard s runs under torch seed (seed, s), so a
     shard is bit-reproducible on the same machine, torch and thread count;
-  - vllm: vLLM in its own python (drafters/vllm_env.py: this environment's vLLM, or the CPU side venv),
+  - vllm: vLLM in its own python (drafters/serving/vllm_env.py: this environment's vLLM, or the CPU side venv),
     every context of a shard's reply round in one job, token ids in and out, `LLM(seed=...)` per shard
     and round (`round_seed`; vLLM's CPU build refuses per-request seeds). Same seed, same job, same
     vLLM build and threads: the same samples in our runs, but vLLM does not promise it (its scheduler
@@ -42,7 +42,7 @@ from tqdm import tqdm
 
 from decode.errors import UserError
 from decode.target import Target
-from drafters.vllm_env import (
+from drafters.serving.vllm_env import (
     MIN_CPU_HEAD_DIM,
     SideVenvError,
     cpu_head_dim_ok,
@@ -199,7 +199,7 @@ def worker_env() -> dict[str, str]:
 
 def vllm_rounds(target: Target, py: Path, cfg: RegenConfig, stop: list[int], seed: int, shard: int, work: Path,
                 on_batch: Callable[[int, int], None]) -> SampleRound:
-    """vLLM in its own python (drafters/vllm_env.py): a round's contexts all go in one job, ids in and out."""
+    """vLLM in its own python (drafters/serving/vllm_env.py): a round's contexts all go in one job, ids in and out."""
 
     def run(contexts: list[list[int]], round_: int) -> list[list[int]]:
         job = vllm_job(target, contexts, cfg, stop, round_seed(seed, shard, round_))

@@ -118,7 +118,7 @@ def set_key(prompts: list[list[int]], target: Target, max_new_tokens: int) -> st
 
 def greedy_continuations(target: Target, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
     """The target's own greedy continuation of each prompt (AR decoding: the decoder's reference)."""
-    from drafters.ar import ARDrafter
+    from drafters.sources.ar import ARDrafter
 
     return [generate(target, ARDrafter(), torch.tensor(p), max_new_tokens).tokens for p in prompts]
 

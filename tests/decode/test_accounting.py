@@ -10,7 +10,7 @@ from decode.metrics import GenStats
 from decode.protocol import Budget, TargetStep
 from decode.tree import DraftTree, Shape
 from decode.verify import verify_greedy
-from drafters.ar import ARDrafter
+from drafters.sources.ar import ARDrafter
 
 
 class Scripted:

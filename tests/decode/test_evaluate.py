@@ -12,7 +12,7 @@ from decode.evaluate import EvalConfig, evaluate, main, make_run, prepare, run_s
 from decode.generate import Generation
 from decode.metrics import GenStats
 from decode.prompts import load_prompts
-from decode.report import PLOTS, cost_model
+from decode.report import PLOTS, cost_model, label_of
 from decode.sampling import SamplingConfig
 from tests.conftest import STORIES
 
@@ -153,7 +153,7 @@ def test_plots_and_markdown_written_atomically(run):
         assert len(data) > 1000 and data[:8] == b"\x89PNG\r\n\x1a\n", name
     md = (out / "report.md").read_text()
     for d in report["drafters"]:
-        assert f"| {d['name']} | {d['mean_accepted_tokens']:.3f} |" in md
+        assert f"| {label_of(d)} | `{d['name']}` | {d['mean_accepted_tokens']:.3f} |" in md
     assert "## τ per category" in md and "| drafter | park | home |" in md
     assert not [p.name for p in out.iterdir() if p.name.startswith(".")]  # no temp files left
 

@@ -11,8 +11,8 @@ from decode.generate import encode_prompt, generate
 from decode.sampling import SamplingConfig
 from decode.target import Target
 from decode.tree import Shape, parse_shape
-from drafters.ar import ARDrafter
 from drafters.registry import make_drafter
+from drafters.sources.ar import ARDrafter
 
 STATIC = ((0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 0, 0, 0))
 SHAPES = {
@@ -87,7 +87,7 @@ def test_static_tree_file_and_dynamic_spec(tmp_path, stories):
 def test_early_exit_reuse_is_exact(stories):
     """Verification that reuses the drafter's layer-K states and KV equals a full recompute."""
     from decode.protocol import Budget, TargetStep, layer_reuse
-    from drafters.early_exit import early_exit
+    from drafters.sources.early_exit import early_exit
 
     ids = encode_prompt(stories, "Sam had a red ball that he loved very much.")
     outs, caches = [], []

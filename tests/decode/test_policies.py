@@ -18,8 +18,8 @@ from decode.policies import (
     stop_rule,
 )
 from decode.tree import Shape, grow_chain
-from drafters.ar import ARDrafter
 from drafters.registry import make_drafter
+from drafters.sources.ar import ARDrafter
 from tests.conftest import DEV_PROMPTS, STORIES
 
 POLICY_SPECS = ["fixed", "learning", "threshold", "threshold:p=0.9", "stopping"]

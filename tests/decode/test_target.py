@@ -82,7 +82,7 @@ def test_cache_crop_and_growth(tiny):
 
 def test_bundled_target_greedy_story(stories):
     from decode.generate import encode_prompt, generate
-    from drafters.ar import ARDrafter
+    from drafters.sources.ar import ARDrafter
 
     story = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park."
     ids = encode_prompt(stories, "Once upon a time")

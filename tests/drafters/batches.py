@@ -62,9 +62,9 @@ KINDS = ["eagle1", "eagle3", "medusa", "layerskip", "layerskip-lora"]
 
 def build(kind: str, target: Target, seed: int = 0):
     """A random-init drafter module of each kind with test-sized settings (LoRA weights made non-zero)."""
-    from drafters.eagle import Eagle1, Eagle3, Eagle3Config
-    from drafters.layerskip import LayerSkip, LayerSkipConfig
-    from drafters.medusa import Medusa, MedusaConfig
+    from drafters.trainable.eagle import Eagle1, Eagle3, Eagle3Config
+    from drafters.trainable.layerskip import LayerSkip, LayerSkipConfig
+    from drafters.trainable.medusa import Medusa, MedusaConfig
 
     torch.manual_seed(seed)
     if kind == "eagle1":

@@ -69,8 +69,8 @@ def test_tiny_recipe_trains_exports_and_reloads(tmp_path, regen, kind):
     from decode.generate import encode_prompt, generate
     from decode.target import Target
     from decode.tree import Shape
-    from drafters.ar import ARDrafter
     from drafters.registry import make_drafter
+    from drafters.sources.ar import ARDrafter
 
     run_dir = run(tmp_path, recipe_overrides(regen, tmp_path / "run", kind))
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -228,7 +228,7 @@ def test_sharded_two_cpu_ranks_match_accumulation_resume_and_export(tmp_path, re
     from decode.generate import encode_prompt, generate
     from decode.target import Target
     from decode.tree import Shape
-    from drafters.checkpoint import load_drafter
+    from drafters.serving.checkpoint import load_drafter
 
     args, dist_type, shard_files = SHARDED[backend]
     recipe = write_recipe(tmp_path)

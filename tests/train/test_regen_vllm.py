@@ -13,7 +13,7 @@ import pytest
 
 import train.regen as regen
 from decode.target import Target
-from drafters.vllm_env import BUILD_COMMAND
+from drafters.serving.vllm_env import BUILD_COMMAND
 from train.data import DataConfig, RegenConfig, load_records
 from train.regen import length_batches, regenerate, round_seed
 

@@ -35,7 +35,7 @@ def test_simulated_tau_equals_decoded_tau(tmp_path, stories, kind):
     """Same prompts, same drafter: the training eval's τ is decode.evaluate's τ, exactly, chain and tree."""
     from decode.evaluate import EvalConfig, evaluate, prepare
     from decode.prompts import load_prompts
-    from drafters.checkpoint import new_drafter, save_drafter
+    from drafters.serving.checkpoint import new_drafter, save_drafter
 
     (tmp_path / "p.txt").write_text("\n".join(PROMPTS) + "\n")
     cfg = TrainConfig(sim_prompts=str(tmp_path / "p.txt"), sim_eval_prompts=3, sim_max_new_tokens=40, sim_chain=5,

@@ -1,0 +1,147 @@
+"""Import: drafter directories in serving-engine layouts -> draftsmith modules on a target (DESIGN §5).
+
+- EAGLE-3 in SGLang's layout (`LlamaForCausalLMEagle3`, the layout of EAGLE-3's own releases) or the
+  speculators layout (`Eagle3Speculator`) -> drafters.trainable.eagle.Eagle3, so published EAGLE-3 drafters can be
+  evaluated with `--drafter DIR`;
+- Medusa in vLLM's layout (`MedusaModel`) -> drafters.trainable.medusa.Medusa.
+Weights are read from safetensors only (a pickled pytorch_model.bin is refused with a fix). Every
+problem that would change what the drafter computes here — another hidden size, vocabulary, attention
+shape, rope, capture ids out of range, wrong or missing tensors — is an error naming it; problems that
+only matter to an engine (max_position_embeddings) are printed as warnings.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from decode.errors import load_safetensors, read_json
+from decode.target import Target
+from drafters.serving.layouts.formats import LAYER_PREFIX, detect_format, problems
+from drafters.serving.layouts.rules import SHARED_EMBEDDING, TargetFacts, capture_ids_hf
+
+
+def read_config(path: Path) -> dict | None:
+    p = path / "config.json"
+    return read_json(p, "the drafter's config.json is damaged: download or export it again") if p.is_file() else None
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The safetensors files of a model directory (one file or an indexed set); refuses pickles."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        raw = read_json(index, "download or export the drafter again")
+        weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
+        if not isinstance(weight_map, dict):
+            raise ValueError(f"{index}: no 'weight_map' object; download or export the drafter again")
+        return [path / f for f in sorted(set(weight_map.values()))]
+    if (path / "model.safetensors").is_file():
+        return [path / "model.safetensors"]
+    pickles = sorted(p.name for p in path.glob("*.bin")) + sorted(p.name for p in path.glob("*.pt"))
+    if pickles:
+        raise ValueError(f"{path} holds only {pickles} (pickles): draftsmith never unpickles a checkpoint. Convert "
+                         "it once, where you trust the file: python -c \"import torch; from safetensors.torch import "
+                         f"save_file; save_file(torch.load('{pickles[0]}', weights_only=True), 'model.safetensors')\"")
+    raise FileNotFoundError(f"{path}: no model.safetensors")
+
+
+def read_tensors(path: Path) -> dict[str, Tensor]:
+    out: dict[str, Tensor] = {}
+    for f in weight_files(path):
+        out.update(load_safetensors(f, "the drafter's weights are damaged (an interrupted download?): download or "
+                                    "export them again"))
+    return out
+
+
+def target_facts(target: Target) -> TargetFacts:
+    """The target's config facts, its vocabulary being the LM head's rows."""
+    return TargetFacts.of({**target.config.to_dict(), "vocab_size": target.vocab_size},
+                          getattr(target, "name_or_path", None))
+
+
+def refuse_problems(path: Path, fmt: str, cfg: dict, tensors: dict[str, Tensor], target: Target) -> None:
+    """Raise on problems that change what the drafter computes here; warn about engine-only ones."""
+    optional = frozenset({SHARED_EMBEDDING} if fmt in LAYER_PREFIX else ())  # ignored: engines share the target's
+    found = problems(fmt, cfg, {k: tuple(v.shape) for k, v in tensors.items()}, target_facts(target), optional)
+    blocking = [p for p in found if p.blocks_import]
+    if blocking:
+        raise ValueError(f"{path}: this {fmt} drafter does not fit the target:\n  " + "\n  ".join(map(str, blocking))
+                         + "\n(`draftsmith doctor DIR --target MODEL` lists every problem)")
+    for p in found:
+        print(f"[{path}] warning: {p.what} ({p.fix})", file=sys.stderr)
+
+
+def draft_vocab(d2t: Tensor, t2d: Tensor, vocab: int, path: Path) -> None:
+    """d2t/t2d must describe the same set of target ids, each in range and distinct."""
+    ids = torch.arange(d2t.numel()) + d2t.long()
+    ok = (ids.min() >= 0 and ids.max() < vocab and ids.unique().numel() == ids.numel()
+          and int(t2d.bool().sum()) == ids.numel() and bool(t2d.bool()[ids.clamp(0, vocab - 1)].all()))
+    if not ok:
+        raise ValueError(f"{path}: d2t and t2d disagree (d2t must map draft ids to distinct target ids in 0..{vocab - 1}, "
+                         "t2d mark exactly those): the draft vocabulary tensors are corrupt")
+
+
+def load_eagle3(path: Path, target: Target):
+    """An EAGLE-3 directory (SGLang or speculators layout) as an Eagle3 module on `target`."""
+    from drafters.trainable.eagle import Eagle3, Eagle3Config
+
+    cfg = read_config(path)
+    fmt = detect_format(cfg or {})
+    if fmt not in LAYER_PREFIX:
+        raise ValueError(f"{path} is not an EAGLE-3 directory (architectures {(cfg or {}).get('architectures')})")
+    tensors = read_tensors(path)
+    refuse_problems(path, fmt, cfg, tensors, target)
+    layer = cfg if fmt == "eagle3" else cfg["transformer_layer_config"]
+    prefix = LAYER_PREFIX[fmt]
+    state = {k.replace(prefix, "midlayer.", 1): v for k, v in tensors.items() if k != SHARED_EMBEDDING}
+    if "d2t" not in state and cfg.get("draft_vocab_size") == target.vocab_size:  # full vocabulary: no mapping
+        state.update(d2t=torch.zeros(target.vocab_size, dtype=torch.long),
+                     t2d=torch.ones(target.vocab_size, dtype=torch.bool))
+    draft_vocab(state["d2t"], state["t2d"], target.vocab_size, path)
+    ids, explicit = capture_ids_hf(fmt, cfg, target.num_layers)
+    if not explicit:
+        print(f"[{path}] warning: the config names no capture ids; using the engines' default HF ids {ids}",
+              file=sys.stderr)
+    module = Eagle3(target, Eagle3Config(capture_ids=tuple(ids), draft_vocab_size=state["d2t"].numel(),
+                                         intermediate_size=layer["intermediate_size"]))
+    module.load_state_dict(state)  # strict: problems() already matched every key and shape
+    eps = float(layer.get("rms_norm_eps", module.norm.eps))
+    for norm in (module.norm, module.midlayer.input_layernorm, module.midlayer.hidden_norm,
+                 module.midlayer.post_attention_layernorm):
+        norm.eps = eps  # the drafter's own epsilon (the module defaults to the target's)
+    return module.eval()
+
+
+def load_medusa(path: Path, target: Target):
+    """A vLLM-layout Medusa directory as a Medusa module on `target` (per-head matrices that all equal the
+    target's LM head become the shared head; blocks without bias get zero biases, as vLLM computes)."""
+    from drafters.trainable.medusa import Medusa, MedusaConfig
+
+    cfg = read_config(path)
+    tensors = read_tensors(path)
+    refuse_problems(path, "medusa-vllm", cfg, tensors, target)
+    K, n = cfg["num_heads"], cfg["num_hidden_layers"]
+    heads = [tensors.get(f"lm_heads.{k}.weight", tensors["lm_heads.0.weight"]) for k in range(K)]
+    shared = all(torch.equal(h.to(target.lm_head.weight.dtype), target.lm_head.weight.cpu()) for h in heads)
+    module = Medusa(target, MedusaConfig(num_heads=K, num_layers=n, per_head_vocab=not shared))
+    state = {k: v for k, v in tensors.items() if k.startswith("blocks.")}
+    for k in range(K):
+        for j in range(n):
+            state.setdefault(f"blocks.{k}.layers.{j}.bias", torch.zeros(target.hidden_size))
+        if not shared:
+            state[f"lm_heads.{k}.weight"] = heads[k]
+    module.load_state_dict(state)
+    return module.eval()
+
+
+def load_as_drafter(target: Target, path: Path):
+    """registry.DIR_LOADERS entry: an engine-layout directory -> its decode-time drafter (None if not one)."""
+    fmt = detect_format(read_config(path) or {})
+    if fmt in LAYER_PREFIX:
+        return load_eagle3(path, target).drafter(name=str(path))
+    if fmt == "medusa-vllm":
+        return load_medusa(path, target).drafter(name=str(path))
+    return None

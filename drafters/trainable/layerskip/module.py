@@ -1,0 +1,114 @@
+"""LayerSkip on a frozen target: trained early-exit heads, optionally with LoRA on the early layers (DESIGN §4).
+
+The verifier stays the original model, so decoding stays lossless. Two modes:
+- `exit_head`: per exit layer E a head = RMSNorm (initialised from the target's final norm) + an
+  optional low-rank adapter (up-projection zero-init), then the frozen LM head. Untrained, exit E is
+  exactly `early-exit:E`. Layers < E are untouched, so drafting runs them on the target's own KV
+  cache and verification reuses that KV (drafters/sources/early_exit.py, LayerReuse). Training reads the
+  target's states at the exit ids from the batch; several exits train at once with LayerSkip's
+  exit-loss scales and rotational/gradual curricula (objective.py).
+- `lora`: peft LoRA on layers[:E] plus the exit head. The adapters are injected into the target's
+  modules but are *off* except inside `adapters_on()` (drafting and training; lora.py), so the target's own
+  forward (prefill, verification, feature extraction) is the plain model. The adapted layers compute
+  other KV than the target's, so the drafter keeps its own KV cache (no reuse). One LoRA drafter per
+  target instance.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from decode.target import Target
+from drafters.common import LMDrafter
+from drafters.sources.early_exit import early_exit
+from drafters.trainable.layerskip.config import LayerSkipConfig
+from drafters.trainable.layerskip.heads import ExitHead, exit_logits
+from drafters.trainable.layerskip.lora import LoraAdapters
+from drafters.trainable.layerskip.objective import chain_accuracy, exit_loss
+
+
+class LayerSkip(nn.Module):
+    """Exit heads (and LoRA adapters) on a frozen target; `module(batch, step)` is the training loss."""
+
+    kind = "layerskip"
+
+    def __init__(self, target: Target, config: LayerSkipConfig | None = None) -> None:
+        super().__init__()
+        self.target = target  # a plain attribute: the frozen target is not part of this module
+        for piece in (target.embed_tokens, target.lm_head, target.norm, target.layers):
+            piece.requires_grad_(False)
+        self.config = cfg = (config or LayerSkipConfig()).resolved(target.num_layers, target.vocab_size)
+        eps = float(getattr(target.config, "rms_norm_eps", 1e-6))
+        with torch.device(target.device):
+            self.exits = nn.ModuleDict({str(e): ExitHead(target.norm.weight.float(), eps, cfg.adapter_rank)
+                                        for e in cfg.exits})
+        self.adapters = None
+        if cfg.mode == "lora":
+            self.adapters = LoraAdapters(target.model, cfg.draft_exit, cfg.lora_rank, cfg.lora_alpha,
+                                         cfg.lora_dropout, cfg.lora_targets, cfg.lora_layers)
+            self.lora = self.adapters.modules  # registered here so optimizers, DDP and .train()/.to() see them
+
+    def adapters_on(self) -> AbstractContextManager[None]:
+        """LoRA active in the target's early layers (no-op in exit_head mode); off again afterwards."""
+        return self.adapters.on() if self.adapters is not None else nullcontext()
+
+    def save_adapter(self, out: Path) -> None:
+        self.adapters.save(out)
+
+    def load_adapter(self, path: Path) -> None:
+        self.adapters.load(path)
+
+    def feature_ids(self, num_layers: int | None = None) -> tuple[int, ...]:
+        return self.config.feature_ids(num_layers or self.target.num_layers)
+
+    def exit_logits(self, exit_id: int, h: Tensor) -> Tensor:
+        """Exit head + frozen LM head on pre-norm layer-E states [.., H] -> logits [.., V]."""
+        return exit_logits(self.exits[str(exit_id)], self.target.lm_head, h)
+
+    def exit_states(self, batch: dict, exit_id: int) -> Tensor:
+        """Layer-E states [B, T, H]: the batch's (exit_head mode) or the adapted layers' (lora mode, with layer
+        dropout while training)."""
+        if self.adapters is None:
+            return batch["hidden"][exit_id]
+        return self.adapters.early_states(self.target, batch, self.config.layer_dropout if self.training else 0.0)
+
+    def forward(self, batch: dict, step: int = 0) -> tuple[Tensor, dict[str, float]]:
+        """= loss(batch, step); call the module itself so DDP/accelerate wrappers see the forward."""
+        return self.loss(batch, step)
+
+    def loss(self, batch: dict, step: int = 0) -> tuple[Tensor, dict[str, float]]:
+        """Early-exit loss over the exits the curriculum turns on (objective.exit_loss)."""
+        t = self.target
+        return exit_loss(self.config, batch, step, t.lm_head, t.num_layers, self.exit_logits, self.exit_states)
+
+    @torch.no_grad()
+    def position_accuracy(self, batch: dict, depth: int | None = None, topk: int = 1) -> list[float]:
+        """The draft exit's chain accuracy per position 1..depth (objective.chain_accuracy)."""
+        t = self.target
+        return chain_accuracy(self.config, batch, depth or self.config.eval_depth, topk, t.lm_head, t.num_layers,
+                              self.exit_logits, self.exit_states)
+
+    def drafter(self, name: str | None = None):
+        """exit_head: early exit at draft_exit with this head, reusing the target's KV; lora: own cache."""
+        self.eval()
+        name = name or f"{self.kind}:{self.config.draft_exit}"
+        E = self.config.draft_exit
+        if self.config.mode == "exit_head":
+            return early_exit(self.target, E, reuse=True, head=lambda h: self.exit_logits(E, h), name=name)
+        return lora_exit(self, name)
+
+
+def lora_exit(module: LayerSkip, name: str) -> LMDrafter:
+    """LayerSkip-LoRA drafting: layers[:E] with adapters on + the exit head, on the drafter's own KV cache."""
+    t, E = module.target, module.config.draft_exit
+
+    def run(ids: Tensor, positions: Tensor, mask: Tensor | None, cache) -> tuple[Tensor, Tensor]:
+        with module.adapters_on():
+            h, _ = t.run_layers(t.embed(ids), 0, E, cache, positions, mask)
+        return module.exit_logits(E, h)[0], h[0]  # [T, V], [T, D]
+
+    return LMDrafter(name, run, t.dtype, t.device, t.num_layers, shared=False)

@@ -1,0 +1,43 @@
+"""The report's short row labels (what the plots show) and the per-conversation spreads behind the whiskers."""
+
+from __future__ import annotations
+
+import pytest
+
+from decode.report import drafter_kind, label_of, per_conversation_tau, row_label, shape_label
+
+TREE = "dynamic:topk=8,depth=6,nodes=24"
+
+
+def test_shape_labels():
+    assert shape_label("chain k=8") == "chain 8" and shape_label(TREE) == "tree 24"
+    assert shape_label("static nodes=9") == "static 9" and shape_label(None) == ""
+
+
+@pytest.mark.parametrize(("spec", "shape", "kind", "auto", "label"), [
+    ("ar", None, None, False, "AR"),
+    ("early-exit:4", "chain k=8", None, False, "early-exit:4 · chain 8"),
+    (f"early-exit:4@{TREE}", TREE, None, False, "early-exit:4 · tree 24"),
+    ("prompt-lookup:ngram=3", "chain k=8", None, False, "prompt-lookup"),  # its own trees: no shape
+    ("lookahead", "chain k=8", None, True, "lookahead · auto"),
+    (f"/runs/chat/eagle3/export@{TREE}", TREE, "eagle3", False, "eagle3 · tree 24"),
+    ("/runs/chat/medusa/export@auto", "dynamic:topk=4,depth=3,nodes=8", "medusa", True, "medusa · auto: tree 8"),
+    ("/runs/x/my-drafter", "chain k=3", None, False, "my-drafter · chain 3"),  # no kind: the directory's name
+    ("draft-model:/models/tiny", "chain k=8", None, False, "draft-model · chain 8"),
+    ("hf-prompt-lookup", None, None, False, "hf-prompt-lookup"),
+])
+def test_row_labels_are_kind_and_shape(spec, shape, kind, auto, label):
+    assert row_label(spec, shape, kind, auto) == label
+
+
+def test_label_of_a_report_entry_and_drafter_kind():
+    entry = {"spec": "/a/b/export@auto", "shape": "chain k=2", "drafter_kind": "layerskip", "auto": {"shape": "x"}}
+    assert label_of(entry) == "layerskip · auto: chain 2"
+    assert drafter_kind("skip:3,5@chain") == "skip:3,5"
+
+
+def test_per_conversation_tau_sums_turns_of_a_conversation():
+    rows = [{"id": "a", "new_tokens": 10, "target_forward_passes": 5},
+            {"id": "b", "new_tokens": 6, "target_forward_passes": 6},
+            {"id": "a", "new_tokens": 2, "target_forward_passes": 3}]
+    assert per_conversation_tau({"prompts": rows}) == [12 / 8, 1.0]

@@ -1,0 +1,105 @@
+"""LayerSkip: exit heads start as the untrained early exit, train with the exit loss; LoRA never touches verification."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from decode.generate import generate
+from decode.tree import Shape
+from drafters.sources.early_exit import early_exit
+from drafters.trainable.layerskip import LayerSkip, LayerSkipConfig
+from tests.drafters.batches import build, fit, make_batch, random_sequences, record_rounds, sharp_target
+
+PROMPT = torch.tensor([1, 5, 9, 33, 17, 4, 60])
+
+
+def test_exit_head_keys_and_features(tiny):
+    m = LayerSkip(tiny, LayerSkipConfig(adapter_rank=4, draft_exit=2))
+    L = tiny.num_layers
+    assert m.config.exits == tuple(range(1, L))
+    assert set(m.state_dict()) == {f"exits.{e}.{k}.weight" for e in range(1, L) for k in ("norm", "down", "up")}
+    assert m.feature_ids() == (*range(1, L), L)
+    lora = LayerSkip(tiny, LayerSkipConfig(mode="lora", draft_exit=2))
+    assert lora.feature_ids() == (L,) and lora.config.exits == (2,)
+    assert not any(k.startswith(("embed", "lm_head", "model.")) for k in lora.state_dict())
+
+
+def test_bad_configs(tiny):
+    L = tiny.num_layers
+    with pytest.raises(ValueError, match="out of range"):
+        LayerSkip(tiny, LayerSkipConfig(exits=(1, L)))
+    with pytest.raises(ValueError, match="not among"):
+        LayerSkip(tiny, LayerSkipConfig(exits=(1, 2), draft_exit=3))
+    with pytest.raises(ValueError, match="one exit"):
+        LayerSkip(tiny, LayerSkipConfig(mode="lora", exits=(1, 2), draft_exit=2))
+    with pytest.raises(ValueError, match="curriculum"):
+        m = LayerSkip(tiny, LayerSkipConfig(curriculum="sideways"))
+        m(make_batch(tiny, random_sequences(tiny, 1, 6), m.feature_ids()))
+
+
+def test_untrained_exit_head_drafts_exactly_like_early_exit(tiny):
+    m = LayerSkip(tiny, LayerSkipConfig(draft_exit=2, adapter_rank=4))
+    trees = []
+    for d in (m.drafter(), early_exit(tiny, 2)):
+        rounds = record_rounds(d)
+        generate(tiny, d, PROMPT, 14, shape=Shape("chain", k=3))
+        trees.append([t.tokens.tolist() for t in rounds])
+    assert trees[0] == trees[1]
+
+
+def test_exit_head_chain_reuses_the_targets_kv(tiny):
+    d = LayerSkip(tiny, LayerSkipConfig(draft_exit=2)).drafter()
+    reuses = []
+    inner = d.propose
+    d.propose = lambda budget: (tree := inner(budget), reuses.append((tree.size, d.reuse())))[0]
+    generate(tiny, d, PROMPT, 10, shape=Shape("chain", k=3))
+    drafted = [r for size, r in reuses if size]
+    assert drafted and all(r is not None and r.layers == 2 and r.hidden.shape[0] == 3 for r in drafted)
+
+
+@pytest.mark.parametrize("cfg", [
+    LayerSkipConfig(adapter_rank=4, curriculum="rotational", scale="sum"),
+    LayerSkipConfig(exits=(1, 2, 3), adapter_rank=8, curriculum="gradual", curriculum_steps=20, loss="ce",
+                    scale="linear"),
+    LayerSkipConfig(mode="lora", draft_exit=2, lora_rank=4, layer_dropout=0.2),
+], ids=["exit-head-rotational", "exit-head-gradual-ce", "lora-layer-dropout"])
+@pytest.mark.parametrize("family", ["qwen3", "llama"])
+def test_loss_decreases(family, cfg):
+    torch.manual_seed(0)
+    t = sharp_target(family)
+    m = LayerSkip(t, cfg)
+    batch = make_batch(t, random_sequences(t, 2, 16), m.feature_ids())
+    first = m.eval()(batch, 10**6)[1]["loss"]  # eval mode (no layer dropout), every exit on
+    fit(m.train(), batch)
+    last = m.eval()(batch, 10**6)[1]["loss"]
+    assert last < 0.8 * first, (first, last)
+
+
+def test_lora_verification_equals_the_plain_target(tiny):
+    ids = torch.tensor([1, 5, 9, 33, 17, 4, 60, 2, 8])
+    plain = tiny.forward(ids, None).logits
+    plain_exit = tiny.head(tiny.run_layers(tiny.embed(ids), 0, 2, None, torch.arange(ids.numel()))[0])
+    m = build("layerskip-lora", tiny)  # LoRA injected into the target's layers 0..1, weights non-zero
+    assert torch.equal(tiny.forward(ids, None).logits, plain)
+    with m.adapters_on():  # drafting sees the adapters
+        h, _ = tiny.run_layers(tiny.embed(ids), 0, 2, None, torch.arange(ids.numel()))
+        assert not torch.allclose(tiny.head(h), plain_exit, atol=1e-3)
+    # a whole speculative run leaves them off again: verification logits stay the plain target's
+    generate(tiny, m.drafter(), PROMPT, 10, shape=Shape("dynamic", topk=2, depth=2, nodes=4))
+    assert torch.equal(tiny.forward(ids, None).logits, plain)
+    assert all(p.requires_grad for p in m.lora.parameters())
+
+
+def test_one_lora_drafter_per_target(tiny):
+    LayerSkip(tiny, LayerSkipConfig(mode="lora", draft_exit=2))
+    with pytest.raises(ValueError, match="already carries peft adapters"):
+        LayerSkip(tiny, LayerSkipConfig(mode="lora", draft_exit=2))
+
+
+def test_lora_needs_right_padding(tiny):
+    m = LayerSkip(tiny, LayerSkipConfig(mode="lora", draft_exit=2))
+    ids = random_sequences(tiny, 1, 6)
+    batch = make_batch(tiny, ids, m.feature_ids(), attention_mask=torch.tensor([[0, 1, 1, 1, 1, 1]]))
+    with pytest.raises(ValueError, match="right-padded"):
+        m(batch)
