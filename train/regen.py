@@ -292,7 +292,11 @@ def regenerate(target: Target, records: datasets.Dataset | None, cfg: RegenConfi
     use_template = use_template and has_template(target.tokenizer)
     jobs = plan_jobs(records, cfg)
     stop = sorted(set(target.eos_ids) | set(cfg.stop_ids) | ({target.tokenizer.eos_token_id} - {None}))
-    engine, py, why = choose_engine(cfg.engine, target)
+    if rank == 0:  # rank 0 first: engine=vllm may build the side venv, which the other ranks then find
+        engine, py, why = choose_engine(cfg.engine, target)
+    barrier()
+    if rank != 0:
+        engine, py, why = choose_engine(cfg.engine, target)
     # 1. the manifest: refuse a directory made from anything else (the engine it resolved to included:
     # the two engines draw different samples).
     settings = {k: v for k, v in vars(cfg).items() if k not in ("out_dir", "batch_size", "engine")}
