@@ -177,3 +177,23 @@ def test_a_dead_worker_is_one_error_naming_its_log(stories, tmp_path, fake_side_
     ):
         regenerate(stories, None, cfg, 0, True, None)
     assert not list((tmp_path / "d").glob("shard_*.jsonl"))  # nothing written
+
+
+def test_vllm_without_a_side_venv_builds_it_and_an_unbuildable_one_is_one_error(
+    stories, tmp_path, monkeypatch
+):
+    """engine=vllm builds the side venv when it is missing; here the build fails at once (no python to make
+    the venv with: nothing is downloaded), and that is one error line with the way out."""
+    from decode.errors import UserError
+
+    monkeypatch.setenv("DRAFTSMITH_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(regen, "vllm_in_this_env", lambda: False)
+    monkeypatch.setattr(regen, "cpu_head_dim_ok", lambda config: True)
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-python"))
+    cfg = dataclasses.replace(CFG, num_samples=2, out_dir=str(tmp_path / "v"))
+    with pytest.raises(
+        UserError,
+        match=r"cannot build the vLLM side venv in .*\(python -m venv failed; see "
+        r".*vllm-build\.log\); or set data\.regenerate\.engine=hf",
+    ):
+        regenerate(stories, None, cfg, 0, True, None)
