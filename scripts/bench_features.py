@@ -114,6 +114,8 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--out", default="runs/bench_features")
     ap.add_argument("--threads", type=int, default=1, help="torch threads for the in-process regeneration")
+    ap.add_argument("--cli", nargs="*", default=["1x1", "1x2", "2x1"], metavar="PxT",
+                    help="CLI extractions to time: P processes x T threads each (none: skip section 2)")
     args = ap.parse_args()
     out = REPO / args.out
     shutil.rmtree(out, ignore_errors=True)
@@ -141,12 +143,14 @@ def main() -> int:
 
     # 2. extraction through the CLI
     rows = []
-    for procs, threads in [(1, 1), (1, 2), (2, 1)]:
+    for procs, threads in (map(int, x.split("x")) for x in args.cli):
         st = run_cli(recipe_path, out / f"cache_{procs}p{threads}t", procs, threads, common)
         rows.append((procs, threads, st["tokens"], f"{st['extract_s']:.2f}", f"{st['tokens_per_s']:,.0f}",
                      f"{st['wall_s']:.1f}", f"{st['bytes_per_token']:.1f}"))
-    table("feature extraction (ids [2, 3, 5], bf16, no top-k, batch 16), python -m train.features",
-          ("processes", "threads each", "tokens", "extract s", "extract tok/s", "command wall s", "bytes/token"), rows)
+    if rows:
+        table("feature extraction (ids [2, 3, 5], bf16, no top-k, batch 16), python -m train.features",
+              ("processes", "threads each", "tokens", "extract s", "extract tok/s", "command wall s", "bytes/token"),
+              rows)
 
     # 3. bytes/token per storage dtype (in process, same data)
     rows = []

@@ -20,9 +20,9 @@ import torch
 
 from decode.target import Target
 from train.data import DataConfig, RegenConfig, load_records
-from train.fetch import data_dir
-from train.regen import sample
-from train.tokens import render
+from train.identity import data_home
+from train.regen import sample, start_prefix
+from train.tokens import has_template, render
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -40,31 +40,38 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=1, help="repeat the whole grid, interleaved")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    prompts = args.prompts or str(data_dir() / "sharegpt" / "first_turns.jsonl")
+    prompts = args.prompts or str(data_home() / "sharegpt" / "first_turns.jsonl")
     recs = load_records(DataConfig(source=prompts, max_records=args.n))
     rows = [recs[i] for i in range(len(recs))]
     targets = {d: Target.load(args.target, dtype=d) for d in args.dtypes}
     tok = next(iter(targets.values())).tokenizer
-    # the contexts regeneration builds: the chat template with the generation prompt, shortest first
-    contexts = sorted((list(tok(render(tok, [m for m in r["messages"] if m["role"] == "user"][:1], True, {}),
-                                add_special_tokens=False)["input_ids"]) for r in rows), key=len)
+    # the contexts regeneration builds: the chat template with the generation prompt (a target without
+    # one: the start token + the prompt's tokens, the plain rule), shortest first
+    def context(r: dict) -> list[int]:
+        first = [m for m in r["messages"] if m["role"] == "user"][:1] or [{"role": "user", "content": r["text"]}]
+        if has_template(tok):
+            return list(tok(render(tok, first, True, {}), add_special_tokens=False)["input_ids"])
+        return start_prefix(tok) + list(tok(first[0]["content"], add_special_tokens=False)["input_ids"])
+
+    contexts = sorted(map(context, rows), key=len)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     results: dict[tuple[str, int], list[tuple[int, float]]] = {}
     load0 = os.getloadavg()
     for _ in range(args.rounds):
         for d, target in targets.items():
-            stop = sorted(target.eos_ids | {tok.eos_token_id})
+            stop = sorted((target.eos_ids | {tok.eos_token_id}) - {None})
             for b in args.batch_sizes:
                 cfg = RegenConfig(enabled=True, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                                   batch_size=b)
                 t0 = time.perf_counter()
                 new = sum(len(g) for a in range(0, len(contexts), b)
-                          for g in sample(target, contexts[a: a + b], cfg, stop, tok.pad_token_id))
+                          for g in sample(target, contexts[a: a + b], cfg, stop, pad))
                 dt = time.perf_counter() - t0
                 results.setdefault((d, b), []).append((new, dt))
                 print(f"[{d} batch {b}] {new} new tokens in {dt:.1f} s = {new / dt:.1f} tok/s "
                       f"(load {os.getloadavg()[0]:.1f})", flush=True)
     load1 = os.getloadavg()
-    print(f"{len(rows)} ShareGPT opening turns, <= {args.max_new_tokens} new tokens each, temperature "
+    print(f"{len(rows)} opening turns, <= {args.max_new_tokens} new tokens each, temperature "
           f"{args.temperature}, {args.threads} threads, {args.rounds} round(s); load average "
           f"{load0[0]:.1f} before, {load1[0]:.1f} after")
     print(f"{'target dtype':<13} {'batch':>5} {'new tokens':>10} {'seconds':>8} {'tok/s':>7}")

@@ -45,6 +45,10 @@ def main() -> int:
     ap.add_argument("--kinds", nargs="+", default=KINDS)
     ap.add_argument("--skip-train", action="store_true")
     ap.add_argument("--out", default="runs/bench_train")
+    ap.add_argument("--overrides", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="recipe overrides for every run (e.g. train.steps=2 for a smoke run)")
+    ap.add_argument("--max-new-tokens", type=int, default=128, help="tokens decoded per dev prompt")
+    ap.add_argument("--limit", type=int, default=None, help="only the first N dev prompts")
     args = ap.parse_args()
     rows, sims, nan = [], {}, float("nan")
     out = Path(args.out)
@@ -53,7 +57,7 @@ def main() -> int:
         run_dir = REPO / out / kind
         # a fresh run of the recipe as written: the regenerated stories are shared (data home), the feature
         # cache goes into the run dir, so every run measures its extraction
-        where = [f"run_dir={out / kind}", f"features.cache_dir={out / kind / 'features'}"]
+        where = [f"run_dir={out / kind}", f"features.cache_dir={out / kind / 'features'}", *args.overrides]
         if not args.skip_train:
             if run_dir.exists():
                 shutil.rmtree(run_dir)
@@ -79,11 +83,11 @@ def main() -> int:
     for kind in args.kinds:
         drafters += [f"{args.out}/{kind}/export", f"{args.out}/{kind}/export@{TREE}"]
     cmd = [sys.executable, "-m", "decode.evaluate", "--target", "recipes/targets/stories260K", "--prompts",
-           "recipes/prompts/stories_dev.txt", "--max-new-tokens", "128", "--threads", "1", "--dtype", "float32", "--out",
-           str(out / "eval")]
+           "recipes/prompts/stories_dev.txt", "--max-new-tokens", str(args.max_new_tokens), "--threads", "1", "--dtype",
+           "float32", "--out", str(out / "eval")] + (["--limit", str(args.limit)] if args.limit else [])
     for d in drafters:
         cmd += ["--drafter", d]
-    print("\n## decoding (dev prompts, greedy, 128 new tokens; chain k=8 and " + TREE + ")", flush=True)
+    print(f"\n## decoding (dev prompts, greedy, {args.max_new_tokens} new tokens; chain k=8 and {TREE})", flush=True)
     subprocess.run(cmd, cwd=REPO, check=True, stderr=subprocess.DEVNULL)
     decoded = {d["spec"]: d["mean_accepted_tokens"] for d in json.loads((REPO / out / "eval/report.json").read_text())["drafters"]}
     print("\n## simulated tau (end of training: decoding held-out prompts) vs decoded tau (dev prompts)")

@@ -19,7 +19,7 @@ import torch
 
 from decode.target import load_tokenizer
 from train.data import DataConfig, load_records
-from train.fetch import data_dir
+from train.identity import data_home
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", type=int, nargs="+", default=[2048, 4096, 8192, 16384, 32768])
     args = ap.parse_args(argv)
     tok = load_tokenizer(args.target)
-    cfg = DataConfig(source=args.source or [str(data_dir() / "sharegpt" / "sharegpt.jsonl")], max_records=args.n)
+    cfg = DataConfig(source=args.source or [str(data_home() / "sharegpt" / "sharegpt.jsonl")], max_records=args.n)
     records = load_records(cfg)
     # assistant messages tokenized on their own (the trained tokens, without the template's few
     # header tokens): one batched fast-tokenizer call instead of a template render per turn

@@ -25,7 +25,7 @@ from decode.errors import check_out_dir, run_cli
 from drafters.serving.checkpoint import drafter_kinds, save_drafter
 from train.config import load_recipe, to_dict, with_feature_ids
 from train.dataset import training_data
-from train.features import Dist, build_cache, load_target, prepare_data
+from train.features import Dist, build_cache, load_target, prepare_data, resolve_precision
 from train.fetch import prepare
 from train.loop import train
 
@@ -75,6 +75,9 @@ def run(recipe) -> int:
     torch.manual_seed(recipe.seed)
     if recipe.train.threads:
         torch.set_num_threads(recipe.train.threads)
+    recipe, line = resolve_precision(recipe, state.device)  # `auto`: bf16 where the hardware has it
+    if state.is_main_process:
+        print(line, flush=True)
     target = load_target(recipe, state.device)
     # 2. data: regenerated samples and (offline) features are built when missing, reused when present
     # and refused when they were made from something else — all before any training.

@@ -55,7 +55,7 @@ class FeaturesConfig:
     topk: int = 0  # store the target's k most likely next tokens + probs per position (0 = don't)
     shard_size: int = 64  # sequences per shard (a shard is held in memory until written)
     batch_size: int = 8  # sequences per target forward during extraction
-    target_dtype: str = "float32"  # dtype the frozen target runs in (float32 | bfloat16 | float16)
+    target_dtype: str = "auto"  # frozen target's dtype: auto (decode.target.resolve_dtype) | float32 | bfloat16 | float16
     attn: str = "sdpa"  # attention implementation of the target (sdpa | eager)
 
     def __post_init__(self) -> None:
@@ -63,8 +63,8 @@ class FeaturesConfig:
             raise ValueError(f"hidden_ids {self.hidden_ids}: ids are 0..L (0 = embeddings, L = final normed state)")
         if self.topk < 0 or self.shard_size < 1 or self.batch_size < 1:
             raise ValueError("topk must be >= 0, shard_size and batch_size >= 1")
-        if self.target_dtype not in DTYPES:
-            raise ValueError(f"target_dtype {self.target_dtype!r} not one of {sorted(DTYPES)}")
+        if self.target_dtype not in DTYPES and self.target_dtype != "auto":
+            raise ValueError(f"target_dtype {self.target_dtype!r} not one of {['auto', *sorted(DTYPES)]}")
 
 
 @dataclass
@@ -84,7 +84,8 @@ class TrainConfig:
     schedule: Literal["cosine", "linear", "constant"] = "cosine"  # decay after warmup
     min_lr_ratio: float = 0.1  # final lr as a fraction of lr (cosine and linear)
     max_grad_norm: float = 0.5  # clip the global gradient norm (0 = off)
-    mixed_precision: Literal["no", "bf16"] = "no"  # bf16 autocast for the drafter's forward
+    mixed_precision: Literal["auto", "no", "bf16"] = "auto"  # bf16 autocast of the drafter (fp32 weights and
+    # optimizer state); auto = bf16 where decode.target.resolve_dtype picks it, else no
     eval_every: int = 100  # evaluate on held-out data every N steps (0 = only at the end)
     eval_batches: int = 8  # held-out batches for the loss, accuracies and teacher-forced τ estimate
     tree_width: int = 4  # top-w accuracy used for the teacher-forced tree τ estimate

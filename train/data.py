@@ -56,6 +56,7 @@ class RegenConfig:
     batch_size: int = 32  # sequences generated together (left-padded)
     shard_size: int = 256  # records per jsonl shard: the unit of resuming and of splitting across ranks
     stop_ids: list[int] = field(default_factory=list)  # extra stop tokens besides the target's EOS (stories260K: [1])
+    engine: Literal["auto", "hf", "vllm"] = "auto"  # auto: vLLM when importable or its side venv is built, else hf
 
     def __post_init__(self) -> None:
         if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:

@@ -50,7 +50,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from decode.target import Target
+from decode.target import MIN_BF16_PARAMS, Target, cpu_flags, has_bf16, local_config, resolve_dtype
 from train.batch import collate
 from train.cache import CacheError, FeatureCache, check_existing, shard_name, write_index, write_shard
 from train.config import FeaturesConfig, Recipe, dump_config, load_recipe, with_feature_ids
@@ -121,8 +121,42 @@ class OnlineFeatures:
 
 
 def load_target(recipe: Recipe, device: str | torch.device = "cpu") -> Target:
+    """The frozen target in features.target_dtype (`auto`: decode.target.resolve_dtype)."""
     fc = recipe.features
     return Target.load(recipe.target, dtype=fc.target_dtype, attn=fc.attn, device=str(device))
+
+
+def bf16_reason(device: str | torch.device, config: dict | None) -> str:
+    """Why `auto` chose what it did for this model on this device (decode.target.resolve_dtype's rule)."""
+    if not has_bf16(device):
+        return "no bf16 in hardware"
+    if resolve_dtype("auto", device, config) == "float32":
+        return f"bf16 in hardware, but fp32 is faster for a model under {MIN_BF16_PARAMS // 1_000_000}M parameters"
+    if torch.device(device).type == "cuda":
+        return "cuda has bf16"
+    return "cpu has " + next(f for f in ("amx_bf16", "avx512_bf16") if f in cpu_flags())
+
+
+def resolve_precision(recipe: Recipe, device: str | torch.device = "cpu") -> tuple[Recipe, str]:
+    """The recipe with its `auto` precisions made concrete for `device` and the target (the frozen target's
+    dtype, the drafter's autocast: both bf16 where decode.target.resolve_dtype picks it), and the one line
+    that says what was chosen and why."""
+    config = local_config(recipe.target)
+    why = bf16_reason(device, config)
+    auto_bf16 = resolve_dtype("auto", device, config) == "bfloat16"
+    dtype, mp = recipe.features.target_dtype, recipe.train.mixed_precision
+    why_t, why_m = why if dtype == "auto" else "requested", why if mp == "auto" else "requested"
+    dtype = resolve_dtype(dtype, device, config)
+    mp = ("bf16" if auto_bf16 else "no") if mp == "auto" else mp
+    short_t = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(dtype, dtype)
+    short_m = "bf16" if mp == "bf16" else "fp32"
+    if (short_t, why_t) == (short_m, why_m):
+        line = f"precision: {short_t} ({why_t})"
+    else:
+        line = f"precision: target {short_t} ({why_t}), drafter {short_m} ({why_m})"
+    recipe = dataclasses.replace(recipe, features=dataclasses.replace(recipe.features, target_dtype=dtype),
+                                 train=dataclasses.replace(recipe.train, mixed_precision=mp))
+    return recipe, line
 
 
 def prepare_data(recipe: Recipe, target: Target, dist: Dist | None = None,
@@ -308,6 +342,9 @@ def run(recipe: Recipe) -> int:
     torch.manual_seed(recipe.seed)
     if recipe.train.threads:  # the recipe's CPU thread count applies to extraction too
         torch.set_num_threads(recipe.train.threads)
+    recipe, line = resolve_precision(recipe, state.device)
+    if state.is_main_process:
+        print(line, flush=True)
     if recipe.features.mode == "online":
         print("[features] features.mode=online: the target runs inside each training step; nothing to extract "
               "(data preparation still checked)", file=sys.stderr)

@@ -25,6 +25,7 @@ from safetensors import SafetensorError
 from torch import nn
 
 from decode.errors import UserError, one_line
+from decode.target import has_bf16
 from drafters.trainable.losses import simulated_chain_tau as simulated_tau
 from train.config import TrainConfig, dump_config
 from train.dataset import make_loader
@@ -81,7 +82,8 @@ class LossModule(nn.Module):
 
 
 def make_accelerator(cfg: TrainConfig, run_dir: Path):
-    from accelerate import Accelerator
+    from accelerate import Accelerator, PartialState
+    from accelerate.state import AcceleratorState
     from accelerate.utils import DistributedDataParallelKwargs, DistributedType, ProjectConfiguration
 
     log_with = None if cfg.report_to == "none" else cfg.report_to
@@ -90,7 +92,13 @@ def make_accelerator(cfg: TrainConfig, run_dir: Path):
         os.environ.setdefault("WANDB_DIR", str(run_dir))
     # step_scheduler_with_optimizer=False: accelerate would otherwise advance the schedule once per
     # process per step (it assumes the lr was tuned for one process); the schedule is per optimizer step.
-    acc = Accelerator(gradient_accumulation_steps=cfg.grad_accum, mixed_precision=cfg.mixed_precision,
+    # an unresolved `auto` (train() called directly, not through `python -m train`): bf16 where native
+    mixed = cfg.mixed_precision if cfg.mixed_precision != "auto" else "bf16" if has_bf16(PartialState().device) else "no"
+    if AcceleratorState._shared_state.get("_mixed_precision") not in (None, mixed):
+        # a second run in this process (tests, a notebook) with another precision: accelerate's state is a
+        # process-wide singleton that refuses the change, so drop it (the process state itself is kept)
+        AcceleratorState._reset_state()
+    acc = Accelerator(gradient_accumulation_steps=cfg.grad_accum, mixed_precision=mixed,
                       step_scheduler_with_optimizer=False, log_with=log_with,
                       # curricula and layer dropout leave some drafter parameters unused in a step
                       kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)],

@@ -14,6 +14,18 @@ from the start token gets one reply to nothing):
   - without one (plain rule of train/tokens.py): context ids grow turn by turn; the generated ids
     (stop token included) are kept exactly. Output record: {"input_ids", "loss_mask", "text"}, so the
     drafter trains on the very tokens the target sampled (no decode/re-encode round trip).
+
+Two engines sample (`data.regenerate.engine`), the same settings and stop ids for both, our tokenizer
+rendering every context:
+  - hf: HF `generate` on the target as loaded (bf16 where the hardware has it: features.target_dtype),
+    batches of similar context length (`length_batches`); shard s runs under torch seed (seed, s), so a
+    shard is bit-reproducible on the same machine, torch and thread count;
+  - vllm: vLLM in its own python (drafters/serving/vllm_env.py: this environment's vLLM, or the CPU side venv),
+    every context of a shard's reply round in one job, token ids in and out, `LLM(seed=...)` per shard
+    and round (`round_seed`; vLLM's CPU build refuses per-request seeds). Same seed, same job, same
+    vLLM build and threads: the same samples in our runs, but vLLM does not promise it (its scheduler
+    batches requests dynamically), and its samples never equal the hf engine's.
+  `auto` picks vllm when it is there, else hf with a line naming the command that builds the side venv.
 """
 
 from __future__ import annotations
@@ -21,19 +33,31 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import datasets
 import torch
 from tqdm import tqdm
 
+from decode.errors import UserError
 from decode.target import Target
+from drafters.serving.vllm_env import (
+    MIN_CPU_HEAD_DIM,
+    SideVenvError,
+    cpu_head_dim_ok,
+    ensure_side_venv,
+    find_engine_python,
+    run_worker,
+    vllm_in_this_env,
+)
 from train.data import RegenConfig
 from train.identity import digest, keyed_dir, target_identity
 from train.killpoint import kill_point
 from train.tokens import has_template, render, template_kwargs
 
 MANIFEST = "_regen.json"  # "_" prefix: not a data file when the directory is read as a source
+VLLM_WORKER = Path(__file__).with_name("vllm_regen_worker.py")  # run by vLLM's python, never imported
 
 
 def plan_jobs(records: datasets.Dataset | None, cfg: RegenConfig) -> list[tuple[int, int]]:
@@ -95,21 +119,133 @@ def sample(target: Target, contexts: list[list[int]], cfg: RegenConfig, stop: li
     out = target.model.generate(ids.to(target.device), attention_mask=att.to(target.device), do_sample=not greedy,
                                 max_new_tokens=min(cfg.max_new_tokens, room), eos_token_id=stop,
                                 pad_token_id=pad_id, max_length=None, **knobs)
-    res = []
-    for row in out[:, width:].tolist():
-        end = next((j + 1 for j, t in enumerate(row) if t in stop), len(row))
-        res.append(row[:end])
-    return res
+    return [cut_at_stop(row, stop) for row in out[:, width:].tolist()]
 
 
-def generate_shard(target: Target, recs: list[dict | None], cfg: RegenConfig, stop: list[int],
-                   use_template: bool, tpl: dict, on_batch=lambda replies, tokens: None) -> list[dict]:
-    """Answer every assistant slot of these jobs, turn by turn, in batches sorted by context length.
+def cut_at_stop(row: list[int], stop: list[int] | set[int]) -> list[int]:
+    """`row` up to and including its first stop token (all of it when none)."""
+    end = next((j + 1 for j, t in enumerate(row) if t in stop), len(row))
+    return row[:end]
 
-    `on_batch(replies, tokens)` is called after each sampled batch (the progress bar).
-    """
+
+def length_batches(lengths: list[int], batch_size: int, max_ratio: float = 2.0, slack: int = 32) -> list[list[int]]:
+    """Indices of `lengths` in batches of similar length: sorted, at most `batch_size` each, and a new batch
+    once a context is longer than max_ratio x the batch's shortest + slack tokens — left padding a
+    2,000-character prompt beside a 20-character one would make the short one pay for the long one."""
+    batches: list[list[int]] = []
+    for j in sorted(range(len(lengths)), key=lambda j: lengths[j]):
+        cur = batches[-1] if batches else None
+        if cur is None or len(cur) == batch_size or lengths[j] > max_ratio * lengths[cur[0]] + slack:
+            batches.append([j])
+        else:
+            cur.append(j)
+    return batches
+
+
+# --- the two engines: contexts of one reply round -> replies (ids, cut after the stop token) ---------
+
+SampleRound = Callable[[list[list[int]], int], list[list[int]]]
+
+
+def hf_rounds(target: Target, cfg: RegenConfig, stop: list[int], on_batch: Callable[[int, int], None]) -> SampleRound:
+    """HF `generate` on length-bucketed batches (the caller seeds torch's RNG per shard)."""
     tok = target.tokenizer
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else stop[0]
+
+    def run(contexts: list[list[int]], _round: int) -> list[list[int]]:
+        out: list[list[int]] = [[] for _ in contexts]
+        for batch in length_batches(list(map(len, contexts)), cfg.batch_size):
+            gens = sample(target, [contexts[j] for j in batch], cfg, stop, pad_id)
+            on_batch(len(batch), sum(map(len, gens)))
+            for j, gen in zip(batch, gens):
+                out[j] = gen
+        return out
+
+    return run
+
+
+def round_seed(seed: int, shard: int, round_: int) -> int:
+    """The vLLM seed of one shard's reply round: fixed by (seed, shard, round), so a resumed run redoes a
+    shard with the seeds it had."""
+    return ((seed * 1_000_003 + shard) * 1_009 + round_) % (1 << 31)
+
+
+def vllm_job(target: Target, contexts: list[list[int]], cfg: RegenConfig, stop: list[int], seed: int) -> dict:
+    """The job file of train/vllm_regen_worker.py: these contexts under the hf path's settings, one seed."""
+    room = [min(cfg.max_new_tokens, target.max_positions - len(c)) for c in contexts]
+    if min(room) < 1:
+        raise ValueError(f"a regeneration context of {max(map(len, contexts))} tokens leaves no room under the "
+                         f"target's {target.max_positions} positions; lower data.max_length or shorten the prompts")
+    model = Path(target.name_or_path)
+    return {"target": str(model.resolve()) if model.exists() else str(model),
+            "dtype": {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(target.dtype, "float32"),
+            "seed": seed, "prompts": contexts, "max_tokens": room,
+            "max_model_len": min(target.max_positions, max(len(c) + n for c, n in zip(contexts, room))),
+            "temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": cfg.top_k, "stop_token_ids": stop}
+
+
+def vllm_replies(result: dict, stop: list[int]) -> list[list[int]]:
+    """The worker's outputs as replies: each ends with the stop token that ended it (as on the hf path),
+    whether vLLM kept that token in its output or not."""
+    return [cut_at_stop(ids + ([why] if why in stop and (not ids or ids[-1] != why) else []), stop)
+            for ids, why in zip(result["outputs"], result["stop_reasons"])]
+
+
+def worker_env() -> dict[str, str]:
+    """The vLLM worker's threads = this process's torch threads (train.threads); 2 GiB of KV cache, the
+    size the regeneration measurement used (issue 18: 64 prompts at once)."""
+    return {"OMP_NUM_THREADS": str(torch.get_num_threads()), "VLLM_CPU_KVCACHE_SPACE": "2"}
+
+
+def vllm_rounds(target: Target, py: Path, cfg: RegenConfig, stop: list[int], seed: int, shard: int, work: Path,
+                on_batch: Callable[[int, int], None]) -> SampleRound:
+    """vLLM in its own python (drafters/serving/vllm_env.py): a round's contexts all go in one job, ids in and out."""
+
+    def run(contexts: list[list[int]], round_: int) -> list[list[int]]:
+        job = vllm_job(target, contexts, cfg, stop, round_seed(seed, shard, round_))
+        try:
+            result = run_worker(py, VLLM_WORKER, job, work, env=worker_env())
+        except RuntimeError as e:  # the worker died: its last log line and the log's path say why
+            raise UserError(f"{e}; data.regenerate.engine=hf regenerates without vLLM") from None
+        gens = vllm_replies(result, stop)
+        on_batch(len(contexts), sum(map(len, gens)))
+        return gens
+
+    return run
+
+
+def choose_engine(setting: str, target: Target) -> tuple[str, Path | None, str]:
+    """(engine, its python for vllm, the line that says why) for data.regenerate.engine.
+
+    auto: vLLM when this environment imports it or the side venv is built (and vLLM's CPU build takes
+    the target's head size), else hf; vllm: builds the side venv when missing; hf: HF generate.
+    """
+    if setting == "hf":
+        return "hf", None, "[regen] engine hf (requested)"
+    py, where = find_engine_python()
+    cpu_ok = vllm_in_this_env() or cpu_head_dim_ok(target.config)
+    if setting == "auto":
+        if py is None:
+            return "hf", None, f"[regen] engine auto: hf — {where}"
+        if not cpu_ok:
+            return "hf", None, f"[regen] engine auto: hf — vLLM's CPU build refuses head_dim < {MIN_CPU_HEAD_DIM}"
+        return "vllm", py, f"[regen] engine auto: vllm — {where}"
+    if not cpu_ok:
+        raise ValueError(f"data.regenerate.engine=vllm: vLLM's CPU build refuses this target's head size (< "
+                         f"{MIN_CPU_HEAD_DIM}); use engine hf or auto")
+    if py is None:
+        try:
+            py = ensure_side_venv()
+        except (SideVenvError, OSError, StopIteration) as e:  # StopIteration: pip downloaded no wheel
+            raise UserError(f"{e or 'cannot build the vLLM side venv'}; or set data.regenerate.engine=hf") from None
+        where = "the vLLM side venv, just built"
+    return "vllm", py, f"[regen] engine vllm — {where}"
+
+
+def generate_shard(tok, recs: list[dict | None], stop: list[int], use_template: bool, tpl: dict,
+                   sample_round: SampleRound) -> list[dict]:
+    """Answer every assistant slot of these jobs, turn by turn: round r samples every job's r-th reply at
+    once (`sample_round(contexts, r)`), each conditioned on the job's earlier replies."""
     chunks = [reply_chunks(r) for r in recs]
     msgs: list[list[dict]] = [[] for _ in recs]
     ids = [start_prefix(tok) for _ in recs]  # plain rule: the running token sequence
@@ -128,21 +264,16 @@ def generate_shard(target: Target, recs: list[dict | None], cfg: RegenConfig, st
                     piece = list(tok(m["content"], add_special_tokens=False)["input_ids"])
                     ids[j] += piece
                     mask[j] += [0] * len(piece)
-        contexts = {j: (list(tok(render(tok, msgs[j], True, tpl), add_special_tokens=False)["input_ids"])
-                        if use_template else ids[j]) for j in todo}
-        order = sorted(todo, key=lambda j: len(contexts[j]))
-        for b in range(0, len(order), cfg.batch_size):
-            batch = order[b: b + cfg.batch_size]
-            gens = sample(target, [contexts[j] for j in batch], cfg, stop, pad_id)
-            on_batch(len(batch), sum(map(len, gens)))
-            for j, gen in zip(batch, gens):
-                if use_template:
-                    body = gen[:-1] if gen and gen[-1] in stop else gen
-                    msgs[j].append({"role": "assistant", "content": tok.decode(body, skip_special_tokens=True)})
-                else:
-                    msgs[j].append({"role": "assistant", "content": tok.decode(gen, skip_special_tokens=True)})
-                    ids[j] += gen
-                    mask[j] += [1] * len(gen)
+        contexts = [list(tok(render(tok, msgs[j], True, tpl), add_special_tokens=False)["input_ids"])
+                    if use_template else ids[j] for j in todo]
+        for j, gen in zip(todo, sample_round(contexts, r)):
+            if use_template:
+                body = gen[:-1] if gen and gen[-1] in stop else gen
+                msgs[j].append({"role": "assistant", "content": tok.decode(body, skip_special_tokens=True)})
+            else:
+                msgs[j].append({"role": "assistant", "content": tok.decode(gen, skip_special_tokens=True)})
+                ids[j] += gen
+                mask[j] += [1] * len(gen)
     if use_template:
         return [{"messages": m} for m in msgs]
     return [{"input_ids": i, "loss_mask": k, "messages": m} for i, k, m in zip(ids, mask, msgs)]
@@ -161,14 +292,21 @@ def regenerate(target: Target, records: datasets.Dataset | None, cfg: RegenConfi
     use_template = use_template and has_template(target.tokenizer)
     jobs = plan_jobs(records, cfg)
     stop = sorted(set(target.eos_ids) | set(cfg.stop_ids) | ({target.tokenizer.eos_token_id} - {None}))
-    # 1. the manifest: refuse a directory made from anything else.
-    settings = {k: v for k, v in vars(cfg).items() if k not in ("out_dir", "batch_size")}
-    manifest = {"target": target_identity(target), "settings": settings, "seed": seed, "stop_ids": stop,
+    if rank == 0:  # rank 0 first: engine=vllm may build the side venv, which the other ranks then find
+        engine, py, why = choose_engine(cfg.engine, target)
+    barrier()
+    if rank != 0:
+        engine, py, why = choose_engine(cfg.engine, target)
+    # 1. the manifest: refuse a directory made from anything else (the engine it resolved to included:
+    # the two engines draw different samples).
+    settings = {k: v for k, v in vars(cfg).items() if k not in ("out_dir", "batch_size", "engine")}
+    manifest = {"target": target_identity(target), "settings": settings, "seed": seed, "stop_ids": stop, "engine": engine,
                 "use_template": use_template, "enable_thinking": enable_thinking, "jobs": len(jobs),
                 "records": digest(records.to_list()) if records is not None else None}
     out = Path(cfg.out_dir) if cfg.out_dir else keyed_dir("regen", target, manifest)
     shards = [(s, jobs[a: a + cfg.shard_size]) for s, a in enumerate(range(0, len(jobs), cfg.shard_size))]
     if rank == 0:
+        print(why, flush=True)
         check_manifest(out, manifest)
         done = sum(shard_path(out, s).exists() for s, _ in shards)
         print(f"[regen] {out}: " + (f"reusing all {done} shards ({len(jobs)} sequences)" if done == len(shards) else
@@ -189,9 +327,14 @@ def regenerate(target: Target, records: datasets.Dataset | None, cfg: RegenConfi
               disable=rank != 0 or not mine) as bar:
         for s, js in mine:
             recs = [records[i] if i >= 0 else None for i, _ in js]
-            with torch.random.fork_rng(devices=[]):
-                torch.manual_seed(seed * 1_000_003 + s)
-                rows = generate_shard(target, recs, cfg, stop, use_template, tpl, on_batch)
+            if engine == "vllm":  # seeded by LLM(seed=...) per shard and round
+                rounds = vllm_rounds(target, py, cfg, stop, seed, s, out / f".vllm-rank{rank}", on_batch)
+                rows = generate_shard(target.tokenizer, recs, stop, use_template, tpl, rounds)
+            else:
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(seed * 1_000_003 + s)
+                    rows = generate_shard(target.tokenizer, recs, stop, use_template, tpl,
+                                          hf_rounds(target, cfg, stop, on_batch))
             write_jsonl(shard_path(out, s), rows)
     barrier()
     return out

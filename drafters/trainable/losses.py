@@ -69,32 +69,115 @@ def step_weights(n: int, decay: float = 0.8) -> list[float]:
     return [decay**k for k in range(n)]
 
 
-# --- the target's distribution ----------------------------------------------------------------
+# --- the target's distribution (the teacher), a chunk of rows at a time ---------------------------
+#
+# P_t over a 49k-152k vocabulary for every row of a batch would be a [B, T, V] fp32 tensor (1.6 GB for
+# 4 x 2048 rows of SmolLM2): the teacher is built `chunk` rows at a time, used by the loss at once and
+# dropped. The student's gradient is kept in its logits' dtype (bf16 under autocast), not as fp32 saves.
+
+CHUNK_ELEMENTS = 1 << 22  # teacher probabilities held at once (16 MB in fp32)
 
 
-def target_distribution(batch: dict, lm_head: torch.nn.Linear, num_layers: int,
-                        vocab_ids: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """P_t over the vocabulary (or the sub-vocabulary `vocab_ids`, renormalised) and the target's argmax.
+def chunk_rows(batch_size: int, vocab: int, budget: int = CHUNK_ELEMENTS) -> int:
+    """Rows per chunk so that a [B, rows, V] fp32 block stays within `budget` elements (at least 1)."""
+    return max(1, budget // max(1, batch_size * vocab))
 
-    From the batch's top-k (`topk_ids`/`topk_probs` [B, T, k]) when present, else softmax of the
-    frozen LM head on hidden[num_layers] (post-norm). Returns probs [B, T, V'] and argmax [B, T]
-    (full-vocabulary ids, which may fall outside `vocab_ids`).
+
+def head_rows(lm_head: torch.nn.Linear, vocab_ids: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+    """The LM head's weight [V', H] and bias [V'] rows for `vocab_ids` (all of them when None)."""
+    if vocab_ids is None:
+        return lm_head.weight, lm_head.bias
+    return lm_head.weight[vocab_ids], None if lm_head.bias is None else lm_head.bias[vocab_ids]
+
+
+def teacher_probs(batch: dict, lm_head: torch.nn.Linear, num_layers: int, start: int, stop: int,
+                  vocab_ids: Tensor | None = None, rows: tuple[Tensor, Tensor | None] | None = None) -> Tensor:
+    """P_t for rows start <= t < stop, over the vocabulary or the sub-vocabulary `vocab_ids` (renormalised);
+    rows past the end of the batch are all-zero (as `ahead` fills). -> [B, stop - start, V'] fp32
+
+    From the batch's top-k (`topk_ids`/`topk_probs` [B, T, k]) when present, else softmax of the frozen
+    LM head on hidden[num_layers] (post-norm); `rows` = head_rows(lm_head, vocab_ids) when the caller has them.
     """
+    src = batch["topk_ids"] if "topk_ids" in batch else batch["hidden"][num_layers]
+    end = min(stop, src.shape[1])
     if "topk_ids" in batch:
-        ids, p = batch["topk_ids"].long(), batch["topk_probs"].float()
-        argmax = ids.gather(-1, p.argmax(-1, keepdim=True)).squeeze(-1)
-        dense = torch.zeros(*ids.shape[:2], lm_head.weight.shape[0], dtype=torch.float32, device=ids.device).scatter_(-1, ids, p)
-    else:
-        h = batch["hidden"][num_layers]
-        with torch.no_grad():
-            logits = lm_head(h.to(lm_head.weight.dtype)).float()  # [B, T, V]
-        argmax = logits.argmax(-1)
+        ids, p = batch["topk_ids"][:, start:end].long(), batch["topk_probs"][:, start:end].float()
+        dense = torch.zeros(*ids.shape[:2], lm_head.weight.shape[0], dtype=torch.float32, device=ids.device)
+        dense.scatter_(-1, ids, p)
         if vocab_ids is not None:
-            logits = logits[..., vocab_ids]
-        return torch.softmax(logits, dim=-1), argmax
-    if vocab_ids is not None:
-        dense = dense[..., vocab_ids]
-    return dense / dense.sum(-1, keepdim=True).clamp(min=1e-12), argmax
+            dense = dense[..., vocab_ids]
+        probs = dense / dense.sum(-1, keepdim=True).clamp(min=1e-12)
+    else:
+        h = batch["hidden"][num_layers][:, start:end]
+        w, bias = rows or head_rows(lm_head, vocab_ids)  # softmax over V' rows = renormalised over V'
+        with torch.no_grad():
+            probs = torch.softmax(F.linear(h.to(w.dtype), w, bias).float(), dim=-1)
+    if end < stop:  # past the end: no next token, no distribution
+        probs = torch.cat([probs, probs.new_zeros(probs.shape[0], stop - max(end, start), probs.shape[-1])], 1)
+    return probs
+
+
+@torch.no_grad()
+def teacher_argmax(batch: dict, lm_head: torch.nn.Linear, num_layers: int, chunk: int | None = None) -> Tensor:
+    """The target's most likely next token at every row, over the full vocabulary. -> [B, T] long"""
+    if "topk_ids" in batch:
+        ids, p = batch["topk_ids"].long(), batch["topk_probs"]
+        return ids.gather(-1, p.argmax(-1, keepdim=True)).squeeze(-1)
+    h = batch["hidden"][num_layers]
+    b, T = h.shape[:2]
+    chunk = chunk or chunk_rows(b, lm_head.weight.shape[0])
+    return torch.cat([lm_head(h[:, a: a + chunk].to(lm_head.weight.dtype)).argmax(-1) for a in range(0, T, chunk)], 1)
+
+
+class _DistillRows(torch.autograd.Function):
+    """Per-row soft-CE (or KL) of several logits [B, T, V'] against a teacher built a chunk of rows at a time.
+
+    -sum_v p log softmax(l) has gradient softmax(l) * sum(p) - p: it is written chunk by chunk into one
+    tensor per output in the logits' dtype during the forward, so neither the fp32 log-softmax nor the
+    teacher is kept for the backward (and no per-chunk slice gradient is ever the size of the logits).
+    """
+
+    @staticmethod
+    def forward(ctx, teacher: Callable[[int, int], Tensor], shifts: Sequence[int], chunk: int, kl: bool,
+                *logits: Tensor) -> tuple[Tensor, ...]:
+        b, T, _ = logits[0].shape
+        lo, hi = min(shifts), max(shifts)
+        rows = [x.new_zeros(b, T, dtype=torch.float32) for x in logits]
+        grads = [torch.empty_like(x) for x in logits]
+        for a in range(0, T, chunk):
+            c = min(chunk, T - a)
+            probs = teacher(a + lo, a + c + hi)  # [B, c + hi - lo, V'] fp32
+            for x, k, r, g in zip(logits, shifts, rows, grads):
+                p = probs[:, k - lo : k - lo + c]
+                logq = torch.log_softmax(x[:, a : a + c].float(), dim=-1)
+                r[:, a : a + c] = -(p * logq).sum(-1) + (torch.xlogy(p, p).sum(-1) if kl else 0.0)
+                g[:, a : a + c] = logq.exp_() * p.sum(-1, keepdim=True) - p
+        ctx.save_for_backward(*grads)
+        return tuple(rows)
+
+    @staticmethod
+    def backward(ctx, *grad_rows: Tensor) -> tuple[Tensor | None, ...]:
+        grads = ctx.saved_tensors
+        return None, None, None, None, *(g * gr[..., None].to(g.dtype) for g, gr in zip(grads, grad_rows))
+
+
+def distill_rows(logits: Sequence[Tensor], shifts: Sequence[int], batch: dict, lm_head: torch.nn.Linear,
+                 num_layers: int, kind: str = "soft_ce", vocab_ids: Tensor | None = None,
+                 chunk: int | None = None) -> list[Tensor]:
+    """Per-row losses of several drafter outputs against the target: logits[i] [B, T, V'] at row t against
+    P_{t + shifts[i]}, by `soft_ce` (-sum p log q) or `kl` (KL(p || q)) — each equal to
+    soft_ce/kl_to(logits[i], ahead(P, shifts[i])). P is built `chunk` rows at a time, once per chunk for
+    all outputs (rows a + min(shifts) .. a + chunk + max(shifts)). -> [[B, T] fp32 per output]
+    """
+    if kind not in ("soft_ce", "kl"):
+        raise ValueError(f"distillation loss {kind!r} not one of ['kl', 'soft_ce']")
+    b, _, v = logits[0].shape
+    rows = None if "topk_ids" in batch else head_rows(lm_head, vocab_ids)  # sliced once, not per chunk
+
+    def teacher(start: int, stop: int) -> Tensor:
+        return teacher_probs(batch, lm_head, num_layers, start, stop, vocab_ids, rows)
+
+    return list(_DistillRows.apply(teacher, list(shifts), chunk or chunk_rows(b, v), kind == "kl", *logits))
 
 
 # --- LayerSkip: exit-loss scales and curricula ---------------------------------------------------

@@ -27,14 +27,14 @@ from drafters.common import sampler
 from drafters.trainable.losses import (
     ahead,
     conditional_accuracy,
+    distill_rows,
     hard_ce,
     in_topk,
-    kl_to,
     loss_metrics,
     masked_mean,
     next_valid,
     step_weights,
-    target_distribution,
+    teacher_argmax,
 )
 
 
@@ -134,14 +134,15 @@ class Medusa(nn.Module):
         """sum_k decay^k loss_k; head k at row t: CE vs x_{t+k+2}, or KL to the target's P_{t+k+1}."""
         L = self.target.num_layers
         valid = next_valid(batch)
-        probs, argmax = target_distribution(batch, self.target.lm_head, L)
+        argmax = teacher_argmax(batch, self.target.lm_head, L)
+        heads = self.head_logits(batch["hidden"][L])
+        if self.config.loss == "ce":
+            rows = [hard_ce(logits, ahead(batch["input_ids"], k + 2)) for k, logits in enumerate(heads)]
+        else:  # head k against P_{t+k+1}, the target's distribution built a chunk of rows at a time
+            rows = distill_rows(heads, [k + 1 for k in range(len(heads))], batch, self.target.lm_head, L, "kl")
         losses, accs = [], []
-        for k, logits in enumerate(self.head_logits(batch["hidden"][L])):
+        for k, (logits, per_row) in enumerate(zip(heads, rows)):
             v = ahead(valid, k + 1, False)
-            if self.config.loss == "ce":
-                per_row = hard_ce(logits, ahead(batch["input_ids"], k + 2))
-            else:
-                per_row = kl_to(logits, ahead(probs, k + 1))
             losses.append(masked_mean(per_row, v))
             accs.append(masked_mean((logits.argmax(-1) == ahead(argmax, k + 1, -1)).float(), v))
         total = sum(w * lo for w, lo in zip(step_weights(len(losses), self.config.step_decay), losses))
@@ -152,7 +153,7 @@ class Medusa(nn.Module):
     def position_accuracy(self, batch: dict, depth: int | None = None, topk: int = 1) -> list[float]:
         """Head k's top-k agreement with the target's argmax, conditional on heads < k being right."""
         L = self.target.num_layers
-        _, argmax = target_distribution(batch, self.target.lm_head, L)
+        argmax = teacher_argmax(batch, self.target.lm_head, L)
         valid = next_valid(batch)
         logits = self.head_logits(batch["hidden"][L])[: depth or self.config.num_heads]
         correct = [in_topk(lg, ahead(argmax, k + 1, -1), topk) for k, lg in enumerate(logits)]

@@ -25,7 +25,7 @@ data:
   max_length: 40
   held_out: 0.2
   regenerate: {{enabled: true, num_samples: 20, max_new_tokens: 48, batch_size: 8, shard_size: 8, stop_ids: [1]}}
-features: {{hidden_ids: [0, 2, 5], dtype: fp32, topk: 4, shard_size: 6, batch_size: 4}}
+features: {{hidden_ids: [0, 2, 5], dtype: fp32, topk: 4, shard_size: 6, batch_size: 4, target_dtype: float32}}  # = the fp32 `stories` fixture
 """
 
 

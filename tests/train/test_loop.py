@@ -267,3 +267,27 @@ def test_sharded_two_cpu_ranks_match_accumulation_resume_and_export(tmp_path, re
             for m, n in ((exported, "export"), (before, "checkpoint"))]
     assert outs[0].tokens == outs[1].tokens
     assert outs[0].stats.accepted_lengths == outs[1].stats.accepted_lengths
+
+
+@pytest.mark.parametrize("first", ["no", "bf16"])
+def test_bf16_autocast_keeps_fp32_weights_and_optimizer_state(tmp_path, first):
+    """train.mixed_precision=bf16: the drafter's forward runs in bf16 under autocast while its weights,
+    gradients and AdamW state stay fp32 (the master copy); a run of another precision in the same process
+    before it (`first`) does not block it."""
+    from train.loop import TrainConfig, make_accelerator
+
+    make_accelerator(TrainConfig(mixed_precision=first, report_to="none"), tmp_path)
+    acc = make_accelerator(TrainConfig(mixed_precision="bf16", report_to="none"), tmp_path)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.SiLU(), torch.nn.Linear(16, 8))
+    seen = []
+    model[0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    model, opt = acc.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+    with acc.autocast():
+        out = model(torch.randn(4, 8))
+    assert seen == [torch.bfloat16]  # (accelerate hands the output back in fp32)
+    acc.backward(out.float().pow(2).mean())
+    opt.step()
+    params = list(acc.unwrap_model(model).parameters())
+    assert {p.dtype for p in params} == {p.grad.dtype for p in params} == {torch.float32}
+    state = [v for s in opt.state_dict()["state"].values() for v in s.values() if v.numel() > 1]
+    assert state and {v.dtype for v in state} == {torch.float32}

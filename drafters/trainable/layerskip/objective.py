@@ -12,14 +12,14 @@ from drafters.trainable.layerskip.config import LayerSkipConfig
 from drafters.trainable.losses import (
     ahead,
     conditional_accuracy,
+    distill_rows,
     exit_curriculum,
     exit_loss_scales,
     hard_ce,
     in_topk,
-    kl_to,
     masked_mean,
     next_valid,
-    target_distribution,
+    teacher_argmax,
 )
 
 ExitLogits = Callable[[int, Tensor], Tensor]  # (exit E, layer-E states [B, T, H]) -> logits [B, T, V]
@@ -31,7 +31,7 @@ def exit_loss(cfg: LayerSkipConfig, batch: dict, step: int, lm_head: nn.Linear, 
     """Sum over the exits the curriculum turns on at `step` of scale_E * loss_E (KL to the target's
     distribution, or CE to the next token), with per-exit loss and top-1 agreement in the metrics."""
     valid = next_valid(batch)
-    probs, argmax = target_distribution(batch, lm_head, num_layers)
+    argmax = teacher_argmax(batch, lm_head, num_layers)
     on = exit_curriculum(cfg.curriculum, step, len(cfg.exits), cfg.curriculum_steps, cfg.rotation_every,
                          cfg.gradual_fraction)
     scales = exit_loss_scales(cfg.exits, cfg.scale, on)
@@ -40,7 +40,9 @@ def exit_loss(cfg: LayerSkipConfig, batch: dict, step: int, lm_head: nn.Linear, 
         if not active:
             continue
         logits = logits_at(e, states_at(batch, e))
-        per_row = kl_to(logits, probs) if cfg.loss == "kl" else hard_ce(logits, ahead(batch["input_ids"], 1))
+        # KL to the target's P_t, built a chunk of rows at a time (drafters/trainable/losses.py distill_rows)
+        per_row = (distill_rows([logits], [0], batch, lm_head, num_layers, "kl")[0] if cfg.loss == "kl"
+                   else hard_ce(logits, ahead(batch["input_ids"], 1)))
         loss_e = masked_mean(per_row, valid)
         total = total + scale * loss_e
         metrics[f"{cfg.loss}_exit{e}"] = float(loss_e.detach())
@@ -56,7 +58,7 @@ def chain_accuracy(cfg: LayerSkipConfig, batch: dict, depth: int, topk: int, lm_
     before it, as when decoding. Exact when the batch's tokens are the target's greedy output
     (self-distilled data): then accepted drafts are exactly the batch's tokens.
     """
-    _, argmax = target_distribution(batch, lm_head, num_layers)
+    argmax = teacher_argmax(batch, lm_head, num_layers)
     E = cfg.draft_exit
     correct = in_topk(logits_at(E, states_at(batch, E)), argmax, topk)
     valid = next_valid(batch)

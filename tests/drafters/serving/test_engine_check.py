@@ -11,14 +11,8 @@ import torch
 from decode.metrics import GenStats
 from decode.target import Target
 from drafters.serving.checkpoint import save_drafter
-from drafters.serving.engine_check import (
-    TOLERANCE,
-    compare,
-    engine_check,
-    side_venv_ready,
-    tau_per_round,
-    wheel_requirements,
-)
+from drafters.serving.engine_check import TOLERANCE, compare, engine_check, tau_per_round
+from drafters.serving.vllm_env import side_venv_ready, wheel_requirements
 from tests.conftest import DEV_PROMPTS
 from tests.drafters.batches import make_batch
 from tests.drafters.serving.story_qwen3 import make_story_qwen3

@@ -10,6 +10,7 @@ import torch
 from drafters.trainable.losses import (
     ahead,
     conditional_accuracy,
+    distill_rows,
     exit_curriculum,
     exit_loss_scales,
     gradual_curriculum,
@@ -21,7 +22,8 @@ from drafters.trainable.losses import (
     simulated_chain_tau,
     soft_ce,
     step_weights,
-    target_distribution,
+    teacher_argmax,
+    teacher_probs,
 )
 
 
@@ -105,17 +107,51 @@ def test_conditional_accuracy_and_simulated_tau():
     assert conditional_accuracy([c1, c2], [valid, v2]) == pytest.approx([3 / 4, 1 / 2])
 
 
-def test_target_distribution_from_hidden_and_from_topk():
+def test_teacher_probs_from_hidden_and_from_topk():
     head = torch.nn.Linear(4, 6, bias=False)
     h = torch.randn(1, 3, 4)
     batch = {"hidden": {2: h}}
-    p, argmax = target_distribution(batch, head, 2)
+    p = teacher_probs(batch, head, 2, 0, 3)
     assert torch.allclose(p, torch.softmax(head(h), -1), atol=1e-6)
-    assert argmax.tolist() == head(h).argmax(-1).tolist()
-    sub, _ = target_distribution(batch, head, 2, vocab_ids=torch.tensor([0, 3]))
-    assert torch.allclose(sub.sum(-1), torch.ones(1, 3))
+    assert teacher_argmax(batch, head, 2).tolist() == head(h).argmax(-1).tolist()
+    sub = teacher_probs(batch, head, 2, 0, 3, vocab_ids=torch.tensor([0, 3]))
+    assert torch.allclose(sub, torch.softmax(head(h)[..., [0, 3]], -1), atol=1e-6)
+    # rows past the end have no next token: all-zero, as `ahead` fills
+    assert teacher_probs(batch, head, 2, 2, 5)[0, 1:].abs().sum() == 0
     topk = {"topk_ids": torch.tensor([[[5, 1], [2, 0], [3, 4]]]), "topk_probs": torch.tensor([[[0.6, 0.2], [0.5, 0.5],
                                                                                                [0.1, 0.3]]])}
-    p, argmax = target_distribution(topk, head, 2)
-    assert argmax.tolist() == [[5, 2, 4]]
-    assert p[0, 0].tolist() == pytest.approx([0, 0.25, 0, 0, 0, 0.75])
+    assert teacher_argmax(topk, head, 2).tolist() == [[5, 2, 4]]
+    assert teacher_probs(topk, head, 2, 0, 3)[0, 0].tolist() == pytest.approx([0, 0.25, 0, 0, 0, 0.75])
+
+
+@pytest.mark.parametrize("kind", ["soft_ce", "kl"])
+@pytest.mark.parametrize("source", ["hidden", "topk"])
+def test_chunked_distillation_equals_the_full_teacher(kind, source):
+    """distill_rows over chunks of 3 rows (several outputs, several shifts) = the loss against the whole
+    [B, T, V'] teacher built at once, in value and in gradient."""
+    torch.manual_seed(0)
+    B, T, H, V = 2, 10, 8, 12
+    head = torch.nn.Linear(H, V, bias=True)
+    h = torch.randn(B, T, H)
+    full = torch.softmax(head(h), -1).detach()  # [B, T, V] at once
+    batch = {"hidden": {3: h}}
+    if source == "topk":
+        tk = full.topk(4, -1)
+        batch.update(topk_ids=tk.indices, topk_probs=tk.values)
+        full = torch.zeros(B, T, V).scatter_(-1, tk.indices, tk.values)
+        full = full / full.sum(-1, keepdim=True)
+    vocab_ids = torch.tensor([0, 2, 3, 5, 7, 11])
+    sub = full[..., vocab_ids] / full[..., vocab_ids].sum(-1, keepdim=True).clamp(min=1e-12)
+    ref_loss = {"soft_ce": soft_ce, "kl": kl_to}[kind]
+    shifts = [0, 1, 4]
+    logits = [torch.randn(B, T, len(vocab_ids), requires_grad=True) for _ in shifts]
+    rows = distill_rows(logits, shifts, batch, head, 3, kind, vocab_ids, chunk=3)
+    want = [ref_loss(x, ahead(sub, k)) for x, k in zip(logits, shifts)]
+    for got, ref in zip(rows, want):
+        torch.testing.assert_close(got, ref)
+    grads = torch.autograd.grad(sum(r.sum() for r in rows), logits)
+    ref_grads = torch.autograd.grad(sum(r.sum() for r in want), logits)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r)
+    # past the end (shift 4: the last 4 rows) the teacher is empty and so is the loss
+    assert rows[2][:, -4:].abs().max() == 0 and rows[2][:, :-4].abs().min() > 0
