@@ -81,7 +81,12 @@ class LossModule(nn.Module):
 
 def make_accelerator(cfg: TrainConfig, run_dir: Path):
     from accelerate import Accelerator
-    from accelerate.utils import DistributedDataParallelKwargs, DistributedType, ProjectConfiguration
+    from accelerate.utils import (
+        DistributedDataParallelKwargs,
+        DistributedType,
+        GradientAccumulationPlugin,
+        ProjectConfiguration,
+    )
 
     log_with = None if cfg.report_to == "none" else cfg.report_to
     if cfg.report_to == "wandb":
@@ -89,7 +94,11 @@ def make_accelerator(cfg: TrainConfig, run_dir: Path):
         os.environ.setdefault("WANDB_DIR", str(run_dir))
     # step_scheduler_with_optimizer=False: accelerate would otherwise advance the schedule once per
     # process per step (it assumes the lr was tuned for one process); the schedule is per optimizer step.
-    acc = Accelerator(gradient_accumulation_steps=cfg.grad_accum, mixed_precision=cfg.mixed_precision,
+    # sync_with_dataloader=False: an optimizer step is always grad_accum micro-batches of one continuous
+    # stream that runs across epochs (accelerate would otherwise cut a step short at each epoch's end), so
+    # optimizer step s reads micro-batches s*grad_accum .. and a resume can find them by arithmetic.
+    accum = GradientAccumulationPlugin(num_steps=cfg.grad_accum, sync_with_dataloader=False)
+    acc = Accelerator(gradient_accumulation_plugin=accum, mixed_precision=cfg.mixed_precision,
                       step_scheduler_with_optimizer=False, log_with=log_with,
                       # curricula and layer dropout leave some drafter parameters unused in a step
                       kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)],
@@ -119,6 +128,24 @@ def fsdp_on_cpu(acc) -> None:
     acc.state.fsdp_plugin = plugin
     acc.state.distributed_type = DistributedType.FSDP
     PartialState._shared_state["distributed_type"] = DistributedType.FSDP  # as AcceleratorState itself syncs it
+
+
+@contextmanager
+def rng_untouched():
+    """Inside: anything may draw from the global RNGs (torch, python, numpy); after, they are as before.
+    Evaluation runs inside it, so turning it on, off or changing its size never shifts the training
+    streams (EAGLE's feature noise, LayerSkip's layer dropout, LoRA dropout)."""
+    import random
+
+    import numpy as np
+
+    saved = torch.get_rng_state(), random.getstate(), np.random.get_state()
+    try:
+        yield
+    finally:
+        torch.set_rng_state(saved[0])
+        random.setstate(saved[1])
+        np.random.set_state(saved[2])
 
 
 @contextmanager
@@ -218,7 +245,9 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
         acc.init_trackers(recipe.name or "draftsmith", config={"recipe": str(recipe.name)})
 
     # 2. resume: accelerate restores optimizer, scheduler, RNG and weights; skip the consumed batches.
-    step = 0
+    # Checkpoints are written only at optimizer-step boundaries (never mid-accumulation): a run killed
+    # mid-accumulation redoes that step's micro-batches from the last checkpoint.
+    step, window = 0, []
     resume_from = None
     if cfg.resume == "auto":
         found = checkpoints(run_dir)
@@ -234,6 +263,8 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
             raise UserError(f"checkpoint {resume_from} is unreadable ({type(e).__name__}: {one_line(e)[:200]}); delete "
                             "it to resume from the one before, or set train.resume=never") from None
         step = int(resume_from.name[len(CKPT_PREFIX):]) if resume_from.name.startswith(CKPT_PREFIX) else 0
+        if (resume_from / RUN_STATE).exists():  # the losses since the last logged row: the next row averages them
+            window = json.loads((resume_from / RUN_STATE).read_text()).get("loss_window", [])
         if main:
             print(f"[train] resumed from {resume_from} at step {step}")
     log_path = run_dir / "metrics.jsonl"
@@ -253,24 +284,25 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
         if main:
             # how much of metrics.jsonl this checkpoint has seen: a resume from it cuts the file back there
             size = log_path.stat().st_size if log_path.exists() else 0
-            (tmp / RUN_STATE).write_text(json.dumps({"step": at, "metrics_bytes": size}))
+            (tmp / RUN_STATE).write_text(json.dumps({"step": at, "metrics_bytes": size, "loss_window": window}))
             kill_point("train.checkpoint", at)  # test hook: a kill with the checkpoint written but not renamed
             if final.exists():
                 shutil.rmtree(final)
             os.replace(tmp, final)
             for old in checkpoints(run_dir)[: -cfg.keep_checkpoints]:
                 shutil.rmtree(old)
+            kill_point("train.saved", at)  # test hook: a kill right after a complete checkpoint
         acc.wait_for_everyone()
 
-    # 3. the loop: micro-batches accumulate into optimizer steps.
-    micro_per_epoch = len(loader)
-    epoch, skip = divmod(step * cfg.grad_accum, micro_per_epoch)
+    # 3. the loop: one stream of micro-batches, epoch after epoch (epoch e's order a pure function of
+    # (seed, e), train/dataset.py), cut into optimizer steps of grad_accum micro-batches each.
+    micro = step * cfg.grad_accum  # micro-batches consumed so far
+    epoch, skip = divmod(micro, len(loader))
     bar = tqdm(total=cfg.steps, initial=step, disable=not main, desc="train", dynamic_ncols=True)
-    t0, tokens, window = time.perf_counter(), 0, []
+    t0, tokens = time.perf_counter(), 0
     model.train()
     while step < cfg.steps:
-        if hasattr(loader, "set_epoch"):
-            loader.set_epoch(epoch)
+        loader.set_epoch(epoch)
         batches = acc.skip_first_batches(loader, skip) if skip else loader
         skip = 0
         for batch in batches:
@@ -292,6 +324,8 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
                 opt.zero_grad()
             window.append(float(acc.reduce(loss.detach(), "mean")))
             tokens += int(batch["loss_mask"].sum()) * acc.num_processes
+            micro += 1
+            kill_point("train.micro", micro)  # test hook: a kill after micro-batch N (mid-accumulation or not)
             if not acc.sync_gradients:
                 continue
             # 4. bookkeeping once per optimizer step.
@@ -305,7 +339,7 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
                 _log(acc, log_path, row, step, main)
                 window, tokens, t0 = [], 0, time.perf_counter()
             if evaluates and cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
-                with full_params(model):
+                with full_params(model), rng_untouched():
                     _log(acc, log_path, {"step": step, **evaluate_all(acc.unwrap_model(model).drafter, target,
                                                                        eval_loader, featurize, acc.device, cfg,
                                                                        sim_items, cfg.sim_periodic_prompts)},
@@ -322,7 +356,7 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
     save(step)
     final = {"step": step}
     if evaluates:
-        with full_params(model):
+        with full_params(model), rng_untouched():
             final.update(evaluate_all(acc.unwrap_model(model).drafter, target, eval_loader, featurize, acc.device,
                                       cfg, sim_items, len(sim_items)))
         _log(acc, log_path, final, step, main)
