@@ -172,15 +172,25 @@ class LayerSkip(nn.Module):
         finally:
             self._set_adapters(False)
 
-    def save_adapter(self, out: Path) -> None:
-        """A standard peft adapter directory (adapter_config.json + adapter_model.safetensors)."""
+    def save_adapter(self, out: Path, state: dict[str, torch.Tensor] | None = None) -> None:
+        """A standard peft adapter directory (adapter_config.json + adapter_model.safetensors). `state`: this
+        module's full state dict when its own tensors are shards (FSDP, ZeRO-3): the `lora.*` entries are
+        written from it, since peft would read the local shards."""
         from peft import get_peft_model_state_dict
         from safetensors.torch import save_file
 
         out.mkdir(parents=True, exist_ok=True)
         self.lora_config.save_pretrained(str(out))
-        state = get_peft_model_state_dict(self.target.model, adapter_name=ADAPTER)
-        save_file({PEFT_PREFIX + k: v.contiguous() for k, v in state.items()}, str(out / "adapter_model.safetensors"))
+        if state is None:
+            tensors = get_peft_model_state_dict(self.target.model, adapter_name=ADAPTER)
+        else:  # lora.<module name, dots as __>.<A|B>.weight -> <module name>.lora_<A|B>.weight (peft's key)
+            tensors = {}
+            for k, v in state.items():
+                if k.startswith("lora."):
+                    name, ab, rest = k.removeprefix("lora.").split(".", 2)
+                    tensors[f"{name.replace('__', '.')}.lora_{ab}.{rest}"] = v
+        save_file({PEFT_PREFIX + k: v.detach().contiguous().cpu() for k, v in tensors.items()},
+                  str(out / "adapter_model.safetensors"))
 
     def load_adapter(self, path: Path) -> None:
         from peft import set_peft_model_state_dict

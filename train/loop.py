@@ -301,7 +301,7 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
     bar = tqdm(total=cfg.steps, initial=step, disable=not main, desc="train", dynamic_ncols=True)
     t0, tokens = time.perf_counter(), 0
     model.train()
-    while step < cfg.steps:
+    while step < cfg.steps and not cfg.eval_only:
         loader.set_epoch(epoch)
         batches = acc.skip_first_batches(loader, skip) if skip else loader
         skip = 0
@@ -353,7 +353,8 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
 
     # 5. final checkpoint, evaluation and native export (the checkpoint first: a rerun after a kill in
     # the evaluation or export resumes at the last step and redoes only those).
-    save(step)
+    if not cfg.eval_only:
+        save(step)
     final = {"step": step}
     if evaluates:
         with full_params(model), rng_untouched():
@@ -363,8 +364,11 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
     export_dir = run_dir / "export"
     # the full weights: every rank joins the gather (FSDP shards, ZeRO-3 partitions; ZeRO-3 returns None
     # off the main process); the main process writes
-    state = {k.removeprefix("drafter."): v for k, v in (acc.get_state_dict(model) or {}).items()}
-    if main:
+    state = {} if cfg.eval_only else {k.removeprefix("drafter."): v for k, v in (acc.get_state_dict(model) or {}).items()}
+    if main and cfg.eval_only:  # train.eval_only: the evaluation is the result; nothing trained, nothing exported
+        (run_dir / "final_eval.json").write_text(json.dumps(final, indent=2))
+        print(f"[train] eval_only: evaluated the drafter of step {step}; see {run_dir / 'final_eval.json'}")
+    elif main:
         export_fn(acc.unwrap_model(model).drafter, export_dir, state)
         (run_dir / "final_eval.json").write_text(json.dumps(final, indent=2))
         print(f"[train] done: {step} steps; drafter exported to {export_dir}")
