@@ -267,3 +267,12 @@ def test_sharded_two_cpu_ranks_match_accumulation_resume_and_export(tmp_path, re
             for m, n in ((exported, "export"), (before, "checkpoint"))]
     assert outs[0].tokens == outs[1].tokens
     assert outs[0].stats.accepted_lengths == outs[1].stats.accepted_lengths
+
+
+def test_eval_only_evaluates_without_training_or_export(tmp_path, regen):
+    """train.steps=0 is refused (tests/test_bad_input.py) unless train.eval_only=true asks for evaluation alone:
+    then the drafter (untrained here; the newest checkpoint when there is one) is evaluated, nothing more."""
+    run_dir = run(tmp_path, recipe_overrides(regen, tmp_path / "run", "medusa", steps=0, eval_only="true"))
+    final = json.loads((run_dir / "final_eval.json").read_text())
+    assert final["step"] == 0 and final["eval/sim_prompts"] == 2 and "eval/loss" in final
+    assert not (run_dir / "export").exists() and not (run_dir / "checkpoints").exists()
