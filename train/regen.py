@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from decode.target import Target
 from train.data import RegenConfig
+from train.datahome import use
 from train.identity import digest, keyed_dir, target_identity
 from train.killpoint import kill_point
 from train.tokens import has_template, render, template_kwargs
@@ -170,6 +171,7 @@ def regenerate(target: Target, records: datasets.Dataset | None, cfg: RegenConfi
     shards = [(s, jobs[a: a + cfg.shard_size]) for s, a in enumerate(range(0, len(jobs), cfg.shard_size))]
     if rank == 0:
         check_manifest(out, manifest)
+        use(out, str(target.name_or_path))  # `draftsmith data ls` shows the last use; `data rm` spares it meanwhile
         done = sum(shard_path(out, s).exists() for s, _ in shards)
         print(f"[regen] {out}: " + (f"reusing all {done} shards ({len(jobs)} sequences)" if done == len(shards) else
                                      f"{done}/{len(shards)} shards done, sampling the rest"), flush=True)

@@ -127,6 +127,7 @@ def home(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("kind", KINDS)
 def test_killed_three_times_resumes_bit_for_bit(home, tmp_path, kind):
     assert run_here(home, tmp_path / "ref", kind) == 0
+    assert (home / "regen/.last_used.json").exists()  # the data home records the use (`draftsmith data ls`)
     for i, point in enumerate(kill_points(kind)):
         assert run_killed(home, tmp_path / "run", kind, point) == -signal.SIGKILL, f"kill {i} at {point} did not happen"
     assert run_here(home, tmp_path / "run", kind) == 0
