@@ -7,7 +7,7 @@ and ShareGPT (sharegpt/). Each entry is listed with its size, the target and set
 last use. Jobs mark what they use (`use`, called where a run opens an entry):
 
     ENTRY/.last_used.json   when and by which target it was last used (a rerun that reuses it counts)
-    ENTRY/.locks/PID.json   held while the process PID runs; `rm` refuses such an entry. A lock whose
+    ENTRY/.lock.PID.json    held while the process PID runs; `rm` refuses such an entry. A lock whose
                             process is gone (a killed job) is stale and ignored.
 """
 
@@ -28,7 +28,7 @@ from typing import Any
 from train.identity import data_home
 
 KINDS = ("regen", "features")  # keyed directories, one entry each; sharegpt/ is one entry as a whole
-STAMP, LOCKS = ".last_used.json", ".locks"
+STAMP, LOCK = ".last_used.json", ".lock.{pid}.json"  # files, not a directory: an entry stays a flat folder
 
 
 # --- marking use (called by jobs) ----------------------------------------------------------------
@@ -41,9 +41,8 @@ def use(entry: Path, target: str = "") -> None:
     tmp = entry / f"{STAMP}.{os.getpid()}.part"  # not `.*.tmp`: regen/features sweep those away as strays
     tmp.write_text(json.dumps(stamp))
     os.replace(tmp, entry / STAMP)
-    lock = entry / LOCKS / f"{os.getpid()}.json"
+    lock = entry / LOCK.format(pid=os.getpid())
     if not lock.exists():
-        lock.parent.mkdir(exist_ok=True)
         lock.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),
                                     "argv": sys.argv[:4]}))
         atexit.register(lambda: lock.unlink(missing_ok=True))  # a SIGKILL skips this: a stale lock, ignored
@@ -62,7 +61,7 @@ def alive(pid: int) -> bool:
 def holders(entry: Path) -> list[int]:
     """PIDs of other live processes (on this host) holding `entry`; stale locks are skipped."""
     out = []
-    for p in sorted((entry / LOCKS).glob("*.json")):
+    for p in sorted(entry.glob(LOCK.format(pid="*"))):
         try:
             lock = json.loads(p.read_text())
         except (OSError, json.JSONDecodeError):
@@ -92,7 +91,7 @@ class Entry:
 def size_and_newest(path: Path) -> tuple[int, float]:
     size, newest = 0, path.stat().st_mtime
     for p in path.rglob("*"):
-        if p.is_file() and LOCKS not in p.parts:
+        if p.is_file():
             st = p.stat()
             size, newest = size + st.st_size, max(newest, st.st_mtime)
     return size, newest

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from decode.cli import main as draftsmith
-from train.datahome import LOCKS, STAMP, entries, use
+from train.datahome import LOCK, STAMP, entries, use
 
 DAY = 86400
 
@@ -58,8 +58,7 @@ def live_pid():
 
 
 def hold(entry: Path, pid: int) -> None:
-    (entry / LOCKS).mkdir(exist_ok=True)
-    (entry / LOCKS / f"{pid}.json").write_text(json.dumps({"pid": pid, "host": os.uname().nodename}))
+    (entry / LOCK.format(pid=pid)).write_text(json.dumps({"pid": pid, "host": os.uname().nodename}))
 
 
 def test_ls_shows_size_target_settings_and_last_use(home, capsys, live_pid):

@@ -142,7 +142,9 @@ def test_kill_points_cover_the_three_cases():
 
 # --- the slow variant: 2 CPU ranks, sharded ------------------------------------------------------
 
-SHARDED = {
+SHARDED = {  # accelerate launch arguments and environment for 2 CPU ranks
+    "ddp": (["--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+             "--dynamo_backend", "no"], {"ACCELERATE_USE_CPU": "true"}),
     "fsdp": (["--config_file", str(REPO / "recipes/accelerate/fsdp_cpu_2proc.yaml")], {}),
     "zero3": (["--config_file", str(REPO / "recipes/accelerate/deepspeed_zero3.yaml"), "--num_processes", "2",
                "--mixed_precision", "no"], {"DS_ACCELERATOR": "cpu"}),
@@ -169,7 +171,7 @@ def launch(home: Path, run_dir: Path, kind: str, backend: str, kill_at: str = ""
 @pytest.mark.parametrize("backend", SHARDED)
 @pytest.mark.parametrize("kind", ["eagle1", "layerskip_lora"])
 def test_two_sharded_ranks_killed_resume_bit_for_bit(home, tmp_path, kind, backend):
-    """2 ranks (FSDP2 or ZeRO-3), batch 2 a rank: killed mid-accumulation and right after a checkpoint (the
+    """2 ranks (DDP, FSDP2 or ZeRO-3), batch 2 a rank: killed mid-accumulation and right after a checkpoint (the
     launcher takes the other rank down), resumed, equal to the uninterrupted 2-rank run — LoRA's adapter,
     saved from the gathered (possibly sharded) parameters, included."""
     assert launch(home, tmp_path / "ref", kind, backend) == 0, (tmp_path / "ref.log").read_text()[-3000:]
