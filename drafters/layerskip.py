@@ -155,10 +155,13 @@ class LayerSkip(nn.Module):
         self._set_adapters(False)
 
     def _set_adapters(self, on: bool) -> None:
+        # the flag peft's forward reads, set directly: peft's enable_adapters also flips requires_grad on the
+        # adapter weights, which ZeRO-3's partitioned parameters refuse (and ours stay trainable throughout)
         for layer in self._lora_layers:
-            layer.enable_adapters(on)
-        for p in self.lora.parameters():  # peft freezes disabled adapters; ours stay trainable
-            p.requires_grad_(True)
+            layer._disable_adapters = not on
+        for p in self.lora.parameters():
+            if not p.requires_grad:
+                p.requires_grad_(True)
 
     @contextmanager
     def adapters_on(self) -> Iterator[None]:

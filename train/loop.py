@@ -241,6 +241,10 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, cfg))
     model, opt, loader, sched = acc.prepare(LossModule(drafter), opt, loader, sched)
+    if acc.gradient_accumulation_steps != cfg.grad_accum:  # a DeepSpeed config's own number wins at prepare
+        raise UserError(f"train.grad_accum={cfg.grad_accum} but the DeepSpeed config sets gradient_accumulation_steps "
+                        f"{acc.gradient_accumulation_steps}; set it to auto in the accelerate config file (as in "
+                        "recipes/accelerate/deepspeed_zero3.yaml) so the recipe decides")
     if acc.is_main_process and cfg.report_to != "none":
         acc.init_trackers(recipe.name or "draftsmith", config={"recipe": str(recipe.name)})
 
