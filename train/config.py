@@ -8,7 +8,10 @@ Errors name the dotted key, the file, and the nearest valid key, so a typo fails
 
 OmegaConf (structured configs in struct mode) checks and converts the types: int -> float, "1e-3" ->
 float, Literal choices, X | None, tuple[X, ...] from a YAML list; a scalar is never made a list.
-To extend the recipe, add a dataclass field; nothing else needs to change.
+YAML files and override values are read with only true/false as booleans, so a string or Literal
+setting keeps the words `no`, `off`, `yes`, `on` (a bool setting still accepts them). Then every
+setting's range is checked (train/settings.py) before anything runs: one error naming key, value,
+range and fix. To extend the recipe, add a dataclass field (and, if numeric, its range in CHECKS).
 
 The `features` and `train` sections' dataclasses live here too, not next to the code that reads them:
 this module is the leaf the rest of train/ imports (features, dataset, loop), so the graph has no cycle.
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +42,7 @@ from drafters.trainable.eagle import Eagle1Config, Eagle3Config
 from drafters.trainable.layerskip import LayerSkipConfig
 from drafters.trainable.medusa import MedusaConfig
 from train.data import DataConfig
+from train.settings import problems, read_yaml, unread_sections
 
 
 class ConfigError(ValueError):
@@ -103,6 +108,7 @@ class TrainConfig:
     resume: str = "auto"  # auto (newest checkpoint if any) | never | a checkpoint directory
     num_workers: int = 0  # DataLoader workers
     threads: int = 0  # torch CPU threads per process (0 = torch's default; 1 is fastest for tiny models)
+    eval_only: bool = False  # only evaluate the newest checkpoint (or the untrained drafter): no training, no export
 
 
 @dataclass
@@ -138,6 +144,8 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> Recipe:
     """Load a recipe YAML (+ overrides) and fill its path defaults from the file stem."""
     path = Path(path)
     r = load_config(Recipe, path, list(overrides))
+    for w in unread_sections(r.drafter.kind, given_keys(path, overrides)):
+        print(f"warning: {w}", file=sys.stderr)
     name = r.name or path.stem
     run_dir = r.run_dir or str(Path("runs") / path.stem)
     # data.regenerate.out_dir and features.cache_dir stay "" unless set: their default directories are
@@ -169,33 +177,24 @@ def load_config(cls: type, yaml_path: str | Path | None, overrides: Sequence[str
 
     OmegaConf does the work: the dataclass is its schema in struct mode, so an unknown key, a value of
     the wrong type or outside a Literal's choices fails at the merge that brings it in. Ours: the file
-    and override checks, naming the file or override in each error, and the nearest valid key.
+    and override checks, naming the file or override in each error, the nearest valid key, and the
+    ranges of train/settings.py.
     """
+    where = str(yaml_path) if yaml_path is not None else "<defaults>"
     cfg = OmegaConf.structured(cls, flags={"struct": True})
     if yaml_path is not None:
-        p = Path(yaml_path)
-        if not p.is_file():
-            raise ConfigError(f"recipe file not found: {p}")
-        try:
-            raw = OmegaConf.load(p)  # OmegaConf's YAML reads 1e-3 as a float (PyYAML: a string)
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f"{p}:{mark.line + 1}" if mark is not None else str(p)
-            raise ConfigError(f"{where}: not valid YAML ({getattr(e, 'problem', None) or type(e).__name__}); fix "
-                              "that line (YAML wants `key: value`, nested keys indented)") from None
-        if not isinstance(raw, DictConfig):
-            raise ConfigError(f"{p}: the top level must be a mapping of keys, got a {type(raw).__name__}")
-        cfg = _merge(cfg, raw, str(p))
-    for ov in overrides:
-        key, eq, text = ov.partition("=")
-        if not eq or not key.strip():
-            raise ConfigError(f"override {ov!r} must look like key=value (dotted keys for nested fields)")
-        try:  # an empty value is "" (from_dotlist would read it as null)
-            dot = OmegaConf.from_dotlist([ov if text.strip() else f"{key}=''"])
-        except yaml.YAMLError as e:
-            raise ConfigError(f"override {ov!r}: the value is not valid YAML: {e}") from e
-        cfg = _merge(cfg, dot, f"override {ov!r}")
-    where = str(yaml_path) if yaml_path is not None else "<defaults>"
+        cfg = _merge(cfg, read_file(Path(yaml_path)), str(yaml_path))
+    parsed = [(ov, parse_override(ov)) for ov in overrides]
+    try:  # one merge for all overrides (each merge copies the whole tree); on a failure, one by one to name it
+        cfg = _merge(cfg, OmegaConf.merge(*[d for _, d in parsed]), "overrides") if parsed else cfg
+    except (ConfigError, OmegaConfBaseException):
+        for ov, dot in parsed:
+            cfg = _merge(cfg, dot, f"override {ov!r}")
+    bad = problems(lambda key: OmegaConf.select(cfg, key, default=None, throw_on_missing=False))
+    if bad:
+        key, msg = bad[0]
+        setters = [ov for ov in overrides if ov.partition("=")[0].strip() in (key, key.rpartition(".")[0])]
+        raise ConfigError(f"{f'override {setters[-1]!r}' if setters else where}: {msg}")
     try:
         return OmegaConf.to_object(cfg)
     except MissingMandatoryValue as e:
@@ -204,6 +203,49 @@ def load_config(cls: type, yaml_path: str | Path | None, overrides: Sequence[str
         raise ConfigError(f"{where}: '{e.full_key}': {str(e).splitlines()[0]}") from None
     except (ValueError, TypeError) as e:  # __post_init__ validation
         raise ConfigError(f"{where}: {e}") from e
+
+
+def read_file(p: Path) -> DictConfig:
+    """A recipe file as an (untyped) DictConfig; bad YAML names the line."""
+    if not p.is_file():
+        raise ConfigError(f"recipe file not found: {p}")
+    try:
+        raw = OmegaConf.create(read_yaml(p.read_text(encoding="utf-8")) or {})
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{p}:{mark.line + 1}" if mark is not None else str(p)
+        raise ConfigError(f"{where}: not valid YAML ({getattr(e, 'problem', None) or type(e).__name__}); fix "
+                          "that line (YAML wants `key: value`, nested keys indented)") from None
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"{p}: {str(e).splitlines()[0]}") from None
+    if not isinstance(raw, DictConfig):
+        raise ConfigError(f"{p}: the top level must be a mapping of keys, got a {type(raw).__name__}")
+    return raw
+
+
+def parse_override(ov: str) -> DictConfig:
+    """`a.b=value` as the nested mapping {a: {b: value}}, the value read as YAML (true/false the only booleans)."""
+    key, eq, text = ov.partition("=")
+    if not eq or not key.strip():
+        raise ConfigError(f"override {ov!r} must look like key=value (dotted keys for nested fields)")
+    try:
+        value = read_yaml(text) if text.strip() else ""  # an empty value is "" (YAML would read null)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override {ov!r}: the value is not valid YAML: {' '.join(str(e).split())}") from None
+    for part in reversed(key.strip().split(".")):
+        value = {part: value}
+    return OmegaConf.create(value)
+
+
+def given_keys(yaml_path: str | Path, overrides: Sequence[str]) -> set[str]:
+    """The dotted keys the recipe file and the overrides set (leaves only)."""
+    def leaves(d: Any, prefix: str) -> list[str]:
+        if isinstance(d, dict) and d:
+            return [k for name, v in d.items() for k in leaves(v, f"{prefix}{name}.")]
+        return [prefix[:-1]]
+
+    raw = OmegaConf.to_container(read_file(Path(yaml_path)))
+    return set(leaves(raw, "")) | {ov.partition("=")[0].strip() for ov in overrides}
 
 
 def _merge(cfg: DictConfig, other: DictConfig, where: str) -> DictConfig:
@@ -219,7 +261,9 @@ def _merge(cfg: DictConfig, other: DictConfig, where: str) -> DictConfig:
         raise ConfigError(f"{where}: unknown key '{e.full_key}'; {hint}") from None
     except ValidationError as e:
         at = f"'{e.full_key}': " if e.full_key else ""  # OmegaConf 2.4 names no key for a bad tuple element
-        raise ConfigError(f"{where}: {at}{str(e).splitlines()[0]}") from None
+        msg = str(e).splitlines()[0]
+        fix = f"; set {e.full_key} to one of them" if e.full_key and "expected one of" in msg else ""
+        raise ConfigError(f"{where}: {at}{msg}{fix}") from None
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

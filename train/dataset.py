@@ -15,6 +15,7 @@ Either way `featurize(batch)` after moving the batch to the device yields the sa
 from __future__ import annotations
 
 import functools
+import hashlib
 import random
 from collections.abc import Callable
 from typing import Any
@@ -22,7 +23,7 @@ from typing import Any
 import datasets
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from decode.target import Target
 from train.batch import collate
@@ -108,12 +109,42 @@ class Packed(Dataset):
         return out
 
 
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The shuffle seed of one epoch: a pure function of (seed, epoch), distinct for every pair."""
+    return int.from_bytes(hashlib.sha256(f"draftsmith-epoch:{seed}:{epoch}".encode()).digest()[:7], "little")
+
+
+class EpochShuffle(Sampler[int]):
+    """Indices 0..n-1 in an order that depends only on (seed, epoch), never on how often it was drawn.
+
+    torch's RandomSampler with a generator draws a fresh seed from that generator each epoch, so epoch e's
+    order depends on the e iterations before it: a run resumed inside epoch e has not made them and sees
+    another order (the epoch-boundary resume bug). Here `set_epoch(e)` picks the order outright, on every
+    rank alike. No `generator` attribute, on purpose: accelerate would otherwise broadcast and reuse one.
+    """
+
+    def __init__(self, n: int, seed: int) -> None:
+        self.n, self.seed, self.epoch = n, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __iter__(self):
+        gen = torch.Generator().manual_seed(epoch_seed(self.seed, self.epoch))
+        return iter(torch.randperm(self.n, generator=gen).tolist())
+
+
 def make_loader(ds: Dataset, batch_size: int, seed: int, shuffle: bool = True, drop_last: bool = False,
                 num_workers: int = 0, pad_id: int = 0) -> DataLoader:
-    """A DataLoader whose order depends only on `seed` (and the epoch count of its iterations)."""
-    gen = torch.Generator().manual_seed(seed)
-    return DataLoader(ds, batch_size=batch_size, shuffle=shuffle, drop_last=drop_last, num_workers=num_workers,
-                      generator=gen, collate_fn=functools.partial(collate, pad_id=pad_id))
+    """A DataLoader whose epoch-e order is a pure function of (seed, e) (call `set_epoch(e)` on the loader
+    accelerate returns, or on its sampler). The loader's own generator only seeds workers: without it each
+    iteration would draw that seed from the global torch RNG, shifting the stream dropout and noise use."""
+    sampler = EpochShuffle(len(ds), seed) if shuffle else None
+    return DataLoader(ds, batch_size=batch_size, sampler=sampler, drop_last=drop_last, num_workers=num_workers,
+                      generator=torch.Generator().manual_seed(seed), collate_fn=functools.partial(collate, pad_id=pad_id))
 
 
 def training_data(recipe: Recipe, target: Target, split: str = "train", dist: Dist | None = None,

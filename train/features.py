@@ -55,6 +55,7 @@ from train.batch import collate
 from train.cache import CacheError, FeatureCache, check_existing, shard_name, write_index, write_shard
 from train.config import FeaturesConfig, Recipe, dump_config, load_recipe, with_feature_ids
 from train.data import load_records
+from train.datahome import use
 from train.fetch import prepare
 from train.identity import digest, keyed_dir, target_identity
 from train.regen import drop_strays, regenerate, write_text_atomically
@@ -271,6 +272,7 @@ def build_cache(recipe: Recipe, target: Target, data: PreparedData, dist: Dist |
         cache_dir.mkdir(parents=True, exist_ok=True)
         drop_strays(cache_dir, "features")  # half-written by a killed run: never readable
         check_existing(cache_dir, fp)
+        use(cache_dir, recipe.target)  # `draftsmith data ls` shows the last use; `data rm` spares it meanwhile
         finished_before = {p.name for p in cache_dir.glob("shard_*.safetensors")}
         if not check_existing(cache_dir, fp):  # a complete cache is reused untouched
             dump_config(recipe, cache_dir / "recipe.yaml")  # the resolved recipe, for humans

@@ -84,7 +84,12 @@ class LossModule(nn.Module):
 def make_accelerator(cfg: TrainConfig, run_dir: Path):
     from accelerate import Accelerator, PartialState
     from accelerate.state import AcceleratorState
-    from accelerate.utils import DistributedDataParallelKwargs, DistributedType, ProjectConfiguration
+    from accelerate.utils import (
+        DistributedDataParallelKwargs,
+        DistributedType,
+        GradientAccumulationPlugin,
+        ProjectConfiguration,
+    )
 
     log_with = None if cfg.report_to == "none" else cfg.report_to
     if cfg.report_to == "wandb":
@@ -98,7 +103,11 @@ def make_accelerator(cfg: TrainConfig, run_dir: Path):
         # a second run in this process (tests, a notebook) with another precision: accelerate's state is a
         # process-wide singleton that refuses the change, so drop it (the process state itself is kept)
         AcceleratorState._reset_state()
-    acc = Accelerator(gradient_accumulation_steps=cfg.grad_accum, mixed_precision=mixed,
+    # sync_with_dataloader=False: an optimizer step is always grad_accum micro-batches of one continuous
+    # stream that runs across epochs (accelerate would otherwise cut a step short at each epoch's end), so
+    # optimizer step s reads micro-batches s*grad_accum .. and a resume can find them by arithmetic.
+    accum = GradientAccumulationPlugin(num_steps=cfg.grad_accum, sync_with_dataloader=False)
+    acc = Accelerator(gradient_accumulation_plugin=accum, mixed_precision=mixed,
                       step_scheduler_with_optimizer=False, log_with=log_with,
                       # curricula and layer dropout leave some drafter parameters unused in a step
                       kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)],
@@ -128,6 +137,24 @@ def fsdp_on_cpu(acc) -> None:
     acc.state.fsdp_plugin = plugin
     acc.state.distributed_type = DistributedType.FSDP
     PartialState._shared_state["distributed_type"] = DistributedType.FSDP  # as AcceleratorState itself syncs it
+
+
+@contextmanager
+def rng_untouched():
+    """Inside: anything may draw from the global RNGs (torch, python, numpy); after, they are as before.
+    Evaluation runs inside it, so turning it on, off or changing its size never shifts the training
+    streams (EAGLE's feature noise, LayerSkip's layer dropout, LoRA dropout)."""
+    import random
+
+    import numpy as np
+
+    saved = torch.get_rng_state(), random.getstate(), np.random.get_state()
+    try:
+        yield
+    finally:
+        torch.set_rng_state(saved[0])
+        random.setstate(saved[1])
+        np.random.set_state(saved[2])
 
 
 @contextmanager
@@ -222,11 +249,17 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
     scheds = [torch.optim.lr_scheduler.LambdaLR(o, lambda s: lr_factor(s, cfg)) for o in opts]
     model, *prepared = acc.prepare(LossModule(drafter), *opts, loader, *scheds)
     opt, loader, sched = Chain(prepared[: len(opts)]), prepared[len(opts)], Chain(prepared[len(opts) + 1:])
+    if acc.gradient_accumulation_steps != cfg.grad_accum:  # a DeepSpeed config's own number wins at prepare
+        raise UserError(f"train.grad_accum={cfg.grad_accum} but the DeepSpeed config sets gradient_accumulation_steps "
+                        f"{acc.gradient_accumulation_steps}; set it to auto in the accelerate config file (as in "
+                        "recipes/accelerate/deepspeed_zero3.yaml) so the recipe decides")
     if acc.is_main_process and cfg.report_to != "none":
         acc.init_trackers(recipe.name or "draftsmith", config={"recipe": str(recipe.name)})
 
     # 2. resume: accelerate restores optimizer, scheduler, RNG and weights; skip the consumed batches.
-    step = 0
+    # Checkpoints are written only at optimizer-step boundaries (never mid-accumulation): a run killed
+    # mid-accumulation redoes that step's micro-batches from the last checkpoint.
+    step, window = 0, []
     resume_from = None
     if cfg.resume == "auto":
         found = checkpoints(run_dir)
@@ -242,6 +275,8 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
             raise UserError(f"checkpoint {resume_from} is unreadable ({type(e).__name__}: {one_line(e)[:200]}); delete "
                             "it to resume from the one before, or set train.resume=never") from None
         step = int(resume_from.name[len(CKPT_PREFIX):]) if resume_from.name.startswith(CKPT_PREFIX) else 0
+        if (resume_from / RUN_STATE).exists():  # the losses since the last logged row: the next row averages them
+            window = json.loads((resume_from / RUN_STATE).read_text()).get("loss_window", [])
         if main:
             print(f"[train] resumed from {resume_from} at step {step}")
     log_path = run_dir / "metrics.jsonl"
@@ -261,24 +296,25 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
         if main:
             # how much of metrics.jsonl this checkpoint has seen: a resume from it cuts the file back there
             size = log_path.stat().st_size if log_path.exists() else 0
-            (tmp / RUN_STATE).write_text(json.dumps({"step": at, "metrics_bytes": size}))
+            (tmp / RUN_STATE).write_text(json.dumps({"step": at, "metrics_bytes": size, "loss_window": window}))
             kill_point("train.checkpoint", at)  # test hook: a kill with the checkpoint written but not renamed
             if final.exists():
                 shutil.rmtree(final)
             os.replace(tmp, final)
             for old in checkpoints(run_dir)[: -cfg.keep_checkpoints]:
                 shutil.rmtree(old)
+            kill_point("train.saved", at)  # test hook: a kill right after a complete checkpoint
         acc.wait_for_everyone()
 
-    # 3. the loop: micro-batches accumulate into optimizer steps.
-    micro_per_epoch = len(loader)
-    epoch, skip = divmod(step * cfg.grad_accum, micro_per_epoch)
+    # 3. the loop: one stream of micro-batches, epoch after epoch (epoch e's order a pure function of
+    # (seed, e), train/dataset.py), cut into optimizer steps of grad_accum micro-batches each.
+    micro = step * cfg.grad_accum  # micro-batches consumed so far
+    epoch, skip = divmod(micro, len(loader))
     bar = tqdm(total=cfg.steps, initial=step, disable=not main, desc="train", dynamic_ncols=True)
-    t0, tokens, window = time.perf_counter(), 0, []
+    t0, tokens = time.perf_counter(), 0
     model.train()
-    while step < cfg.steps:
-        if hasattr(loader, "set_epoch"):
-            loader.set_epoch(epoch)
+    while step < cfg.steps and not cfg.eval_only:
+        loader.set_epoch(epoch)
         batches = acc.skip_first_batches(loader, skip) if skip else loader
         skip = 0
         for batch in batches:
@@ -300,6 +336,8 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
                 opt.zero_grad()
             window.append(float(acc.reduce(loss.detach(), "mean")))
             tokens += int(batch["loss_mask"].sum()) * acc.num_processes
+            micro += 1
+            kill_point("train.micro", micro)  # test hook: a kill after micro-batch N (mid-accumulation or not)
             if not acc.sync_gradients:
                 continue
             # 4. bookkeeping once per optimizer step.
@@ -313,7 +351,7 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
                 _log(acc, log_path, row, step, main)
                 window, tokens, t0 = [], 0, time.perf_counter()
             if evaluates and cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:
-                with full_params(model):
+                with full_params(model), rng_untouched():
                     _log(acc, log_path, {"step": step, **evaluate_all(acc.unwrap_model(model).drafter, target,
                                                                        eval_loader, featurize, acc.device, cfg,
                                                                        sim_items, cfg.sim_periodic_prompts)},
@@ -327,18 +365,22 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
 
     # 5. final checkpoint, evaluation and native export (the checkpoint first: a rerun after a kill in
     # the evaluation or export resumes at the last step and redoes only those).
-    save(step)
+    if not cfg.eval_only:
+        save(step)
     final = {"step": step}
     if evaluates:
-        with full_params(model):
+        with full_params(model), rng_untouched():
             final.update(evaluate_all(acc.unwrap_model(model).drafter, target, eval_loader, featurize, acc.device,
                                       cfg, sim_items, len(sim_items)))
         _log(acc, log_path, final, step, main)
     export_dir = run_dir / "export"
     # the full weights: every rank joins the gather (FSDP shards, ZeRO-3 partitions; ZeRO-3 returns None
     # off the main process); the main process writes
-    state = {k.removeprefix("drafter."): v for k, v in (acc.get_state_dict(model) or {}).items()}
-    if main:
+    state = {} if cfg.eval_only else {k.removeprefix("drafter."): v for k, v in (acc.get_state_dict(model) or {}).items()}
+    if main and cfg.eval_only:  # train.eval_only: the evaluation is the result; nothing trained, nothing exported
+        (run_dir / "final_eval.json").write_text(json.dumps(final, indent=2))
+        print(f"[train] eval_only: evaluated the drafter of step {step}; see {run_dir / 'final_eval.json'}")
+    elif main:
         export_fn(acc.unwrap_model(model).drafter, export_dir, state)
         (run_dir / "final_eval.json").write_text(json.dumps(final, indent=2))
         print(f"[train] done: {step} steps; drafter exported to {export_dir}")

@@ -52,6 +52,7 @@ from drafters.serving.vllm_env import (
     vllm_in_this_env,
 )
 from train.data import RegenConfig
+from train.datahome import use
 from train.identity import digest, keyed_dir, target_identity
 from train.killpoint import kill_point
 from train.tokens import has_template, render, template_kwargs
@@ -308,6 +309,7 @@ def regenerate(target: Target, records: datasets.Dataset | None, cfg: RegenConfi
     if rank == 0:
         print(why, flush=True)
         check_manifest(out, manifest)
+        use(out, str(target.name_or_path))  # `draftsmith data ls` shows the last use; `data rm` spares it meanwhile
         done = sum(shard_path(out, s).exists() for s, _ in shards)
         print(f"[regen] {out}: " + (f"reusing all {done} shards ({len(jobs)} sequences)" if done == len(shards) else
                                      f"{done}/{len(shards)} shards done, sampling the rest"), flush=True)

@@ -119,6 +119,7 @@ def save_drafter(module: nn.Module, out_dir: str | os.PathLike, recipe: dict | N
     `state` replaces module.state_dict() when the module's own tensors are not the full weights (a
     sharded FSDP / ZeRO-3 module: pass the state dict accelerate gathered)."""
     meta = native_meta(module, recipe, target_id)
+    full = state  # the gathered weights (LoRA's adapter included) or None: the module's own are whole
     state = module.state_dict() if state is None else state
     state = {k: v.detach().contiguous().cpu() for k, v in state.items() if not k.startswith("lora.")}
 
@@ -126,7 +127,7 @@ def save_drafter(module: nn.Module, out_dir: str | os.PathLike, recipe: dict | N
         (tmp / "config.json").write_text(json.dumps(meta, indent=2, default=str) + "\n")
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         if hasattr(module, "lora"):
-            module.save_adapter(tmp / ADAPTER_DIR)
+            module.save_adapter(tmp / ADAPTER_DIR, full)
 
     return write_atomically(out_dir, write)
 

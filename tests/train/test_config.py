@@ -81,7 +81,7 @@ def test_type_and_value_errors(tmp_path):
         load_recipe(p, ["features.mode=sometimes"])
     with pytest.raises(ConfigError, match=r"'features.hidden_ids\[1\]': Value 'x' .* could not be converted to Integer"):
         load_recipe(p, ["features.hidden_ids=[1, x]"])
-    with pytest.raises(ConfigError, match="held_out must be in"):
+    with pytest.raises(ConfigError, match=r"data.held_out=1.5: must be in \[0, 1\)"):
         load_recipe(p, ["data.held_out=1.5"])
     with pytest.raises(ConfigError, match="must look like key=value"):
         load_recipe(p, ["data.max_length"])
@@ -145,3 +145,77 @@ def test_smollm2_recipes_fit_the_real_target_and_share_their_data():
     ls = recipes["layerskip"].drafter.layerskip.resolved(L, V)
     assert (ls.exits, ls.draft_exit) == ((4, 8), 8)
     assert recipes["eagle3"].drafter.eagle3.draft_vocab_size < V
+
+
+def schema_leaves(cls: type = Recipe, prefix: str = "") -> dict[str, object]:
+    """Every leaf setting of a dataclass tree: dotted key -> its type hint."""
+    import dataclasses
+    import typing
+
+    out: dict[str, object] = {}
+    for f in dataclasses.fields(cls):
+        hint = typing.get_type_hints(cls)[f.name]
+        if dataclasses.is_dataclass(hint):
+            out.update(schema_leaves(hint, f"{prefix}{f.name}."))
+        else:
+            out[f"{prefix}{f.name}"] = hint
+    return out
+
+
+def test_every_literal_setting_takes_each_of_its_words_in_yaml_and_overrides(tmp_path):
+    """`no`, `off`, `yes`, `on` are YAML 1.1 booleans: a Literal or string setting must still get the word,
+    from a recipe file and from an override alike (train.mixed_precision=no was refused as 'False')."""
+    import typing
+
+    literals = {k: typing.get_args(h) for k, h in schema_leaves().items() if typing.get_origin(h) is typing.Literal}
+    assert "train.mixed_precision" in literals and "features.mode" in literals
+    for key, words in literals.items():
+        for word in words:
+            if word == "" or (key == "drafter.kind" and word):
+                continue  # drafter.kind's words are checked by the recipes that use them
+            *parents, leaf = key.split(".")
+            yaml_text = "target: m\n" + "".join(f"{'  ' * i}{p}:\n" for i, p in enumerate(parents)) + \
+                f"{'  ' * len(parents)}{leaf}: {word}\n"
+            from_file = load_recipe(write(tmp_path, yaml_text))
+            from_override = load_recipe(write(tmp_path, "target: m\n"), [f"{key}={word}"])
+            for r in (from_file, from_override):
+                value = r
+                for part in key.split("."):
+                    value = getattr(value, part)
+                assert value == word, (key, word, value)
+
+
+def test_yes_no_on_off_words_keep_their_meaning_per_type(tmp_path):
+    p = write(tmp_path, "target: m\nname: no\ndata:\n  split: off\n  chat_template: no\ntrain:\n  mixed_precision: no\n"
+                        "  eval_only: on\n  steps: 0\n")
+    r = load_recipe(p)
+    assert (r.name, r.data.split, r.data.chat_template, r.train.mixed_precision, r.train.eval_only) == \
+        ("no", "off", False, "no", True)
+    r = load_recipe(write(tmp_path, "target: m\n"), ["name=yes", "data.split=on", "data.chat_template=off",
+                                                     "train.mixed_precision=no", "train.report_to=none"])
+    assert (r.name, r.data.split, r.data.chat_template, r.train.mixed_precision) == ("yes", "on", False, "no")
+    with pytest.raises(ConfigError, match=r"'train.mixed_precision': Invalid value 'off', expected one of .*; set "
+                                          r"train.mixed_precision to one of them"):
+        load_recipe(write(tmp_path, "target: m\n"), ["train.mixed_precision=off"])
+
+
+def test_every_numeric_and_word_setting_has_a_range():
+    """A new int/float/list setting without an entry in train/settings.py CHECKS fails here, so no
+    setting goes unchecked; a CHECKS key the schema lacks is stale."""
+    import typing
+
+    from train.settings import CHECKS, FREE_TEXT
+
+    leaves = schema_leaves()
+    assert set(CHECKS) <= set(leaves), sorted(set(CHECKS) - set(leaves))
+    unchecked = [k for k, h in leaves.items() if k not in CHECKS and k not in FREE_TEXT
+                 and typing.get_origin(h) is not typing.Literal and h is not bool and h != bool | None]
+    assert unchecked == []
+
+
+def test_a_section_the_drafter_never_reads_is_warned_about(tmp_path, capsys):
+    p = write(tmp_path, "target: m\ndrafter:\n  kind: medusa\n  eagle1:\n    ce_weight: 0.2\n")
+    load_recipe(p, ["drafter.eagle3.ttt_steps=2", "drafter.medusa.num_heads=2"])
+    warnings = [x for x in capsys.readouterr().err.splitlines() if x.startswith("warning:")]
+    assert len(warnings) == 2 and all("drafter.kind is 'medusa'" in w for w in warnings)
+    assert "drafter.eagle1.ce_weight" in warnings[0] and "drafter.eagle3.ttt_steps" in warnings[1]

@@ -103,7 +103,7 @@ def test_feature_noise_is_the_old_spelling_of_uniform_noise(tmp_path):
     recipe = write_recipe(tmp_path)
     with pytest.raises(ConfigError, match="drafter.eagle3.noise"):
         load_recipe(recipe, ["drafter.eagle3.noise=loud"])
-    with pytest.raises(ConfigError, match="noise_std must be >= 0"):
+    with pytest.raises(ConfigError, match=r"drafter.eagle1.noise_std=-1.0: must be a number >= 0"):
         load_recipe(recipe, ["drafter.eagle1.noise_std=-1"])
     r = load_recipe(recipe, ["drafter.eagle3.noise=none", "drafter.eagle3.freeze_head=true"])
     assert r.drafter.eagle3.noise == "none" and r.drafter.eagle3.freeze_head is True

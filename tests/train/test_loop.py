@@ -291,3 +291,12 @@ def test_bf16_autocast_keeps_fp32_weights_and_optimizer_state(tmp_path, first):
     assert {p.dtype for p in params} == {p.grad.dtype for p in params} == {torch.float32}
     state = [v for s in opt.state_dict()["state"].values() for v in s.values() if v.numel() > 1]
     assert state and {v.dtype for v in state} == {torch.float32}
+
+
+def test_eval_only_evaluates_without_training_or_export(tmp_path, regen):
+    """train.steps=0 is refused (tests/test_bad_input.py) unless train.eval_only=true asks for evaluation alone:
+    then the drafter (untrained here; the newest checkpoint when there is one) is evaluated, nothing more."""
+    run_dir = run(tmp_path, recipe_overrides(regen, tmp_path / "run", "medusa", steps=0, eval_only="true"))
+    final = json.loads((run_dir / "final_eval.json").read_text())
+    assert final["step"] == 0 and final["eval/sim_prompts"] == 2 and "eval/loss" in final
+    assert not (run_dir / "export").exists() and not (run_dir / "checkpoints").exists()

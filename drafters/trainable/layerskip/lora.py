@@ -44,10 +44,13 @@ class LoraAdapters:
         self.set(False)
 
     def set(self, on: bool) -> None:
+        # the flag peft's forward reads, set directly: peft's enable_adapters also flips requires_grad on the
+        # adapter weights, which ZeRO-3's partitioned parameters refuse (and ours stay trainable throughout)
         for layer in self.layers:
-            layer.enable_adapters(on)
-        for p in self.modules.parameters():  # peft freezes disabled adapters; ours stay trainable
-            p.requires_grad_(True)
+            layer._disable_adapters = not on
+        for p in self.modules.parameters():
+            if not p.requires_grad:
+                p.requires_grad_(True)
 
     @contextmanager
     def on(self) -> Iterator[None]:
@@ -74,15 +77,25 @@ class LoraAdapters:
                                      causal_padding_mask(am.to(target.device), target.dtype), skip=skip)
         return h
 
-    def save(self, out: Path) -> None:
-        """A standard peft adapter directory (adapter_config.json + adapter_model.safetensors)."""
+    def save(self, out: Path, state: dict[str, Tensor] | None = None) -> None:
+        """A standard peft adapter directory (adapter_config.json + adapter_model.safetensors). `state`: the
+        drafter's full state dict when its own tensors are shards (FSDP, ZeRO-3): the `lora.*` entries are
+        written from it, since peft would read the local shards."""
         from peft import get_peft_model_state_dict
         from safetensors.torch import save_file
 
         out.mkdir(parents=True, exist_ok=True)
         self.config.save_pretrained(str(out))
-        state = get_peft_model_state_dict(self.model, adapter_name=ADAPTER)
-        save_file({PEFT_PREFIX + k: v.contiguous() for k, v in state.items()}, str(out / "adapter_model.safetensors"))
+        if state is None:
+            tensors = get_peft_model_state_dict(self.model, adapter_name=ADAPTER)
+        else:  # lora.<module name, dots as __>.<A|B>.weight -> <module name>.lora_<A|B>.weight (peft's key)
+            tensors = {}
+            for k, v in state.items():
+                if k.startswith("lora."):
+                    name, ab, rest = k.removeprefix("lora.").split(".", 2)
+                    tensors[f"{name.replace('__', '.')}.lora_{ab}.{rest}"] = v
+        save_file({PEFT_PREFIX + k: v.detach().contiguous().cpu() for k, v in tensors.items()},
+                  str(out / "adapter_model.safetensors"))
 
     def load(self, path: Path) -> None:
         from peft import set_peft_model_state_dict

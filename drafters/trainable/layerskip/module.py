@@ -56,8 +56,8 @@ class LayerSkip(nn.Module):
         """LoRA active in the target's early layers (no-op in exit_head mode); off again afterwards."""
         return self.adapters.on() if self.adapters is not None else nullcontext()
 
-    def save_adapter(self, out: Path) -> None:
-        self.adapters.save(out)
+    def save_adapter(self, out: Path, state: dict[str, torch.Tensor] | None = None) -> None:
+        self.adapters.save(out, state)
 
     def load_adapter(self, path: Path) -> None:
         self.adapters.load(path)
