@@ -24,6 +24,7 @@ from pathlib import Path
 
 from torch import Tensor
 
+from decode.ar import ARDrafter
 from decode.costmodel import cost_at
 from decode.metrics import GenStats
 from decode.protocol import Budget, Drafter, TargetStep
@@ -147,8 +148,8 @@ def measure_costs(decode: DecodeFn, drafter: Drafter, prompt: Tensor, max_new_to
        of a call over 1 and over `width` nodes (call_costs), and the round overhead;
     3. the verify step's extra over `curve` (its bare pass), pooled over the AR and caterpillar runs.
     """
-    decode(NoDraft(), prompt, min(8, max_new_tokens), Shape())
-    ar = decode(NoDraft(), prompt, max_new_tokens, Shape())
+    decode(ARDrafter(), prompt, min(8, max_new_tokens), Shape())
+    ar = decode(ARDrafter(), prompt, max_new_tokens, Shape())
     runs, stats = {}, {}
     for name, shape in (("narrow", caterpillar(depth, width)), ("chain", Shape("chain", k=1)),
                         ("wide", Shape("dynamic", topk=width, depth=depth, nodes=width * depth))):
@@ -177,21 +178,6 @@ def call_costs(one: list[tuple[float, int]], narrow: list[tuple[float, int]], wi
     a = max(0.0, m1 - c1)
     cw = max(0.0, (mw - a - c1) / (lw - 1)) if lw > 1 else c1
     return {"round_draft_s": a, "call_1": c1, "call_w": cw}
-
-
-class NoDraft:
-    """Plain decoding inside the calibration (decode's core may not import drafters.ar)."""
-
-    name, hidden_ids, forward_passes = "ar", (), 0
-
-    def begin(self, prompt_ids: Tensor, step: TargetStep) -> None:
-        pass
-
-    def propose(self, budget: Budget) -> DraftTree:
-        return DraftTree.empty()
-
-    def accept(self, step: TargetStep) -> None:
-        pass
 
 
 # --- the cache --------------------------------------------------------------------------------

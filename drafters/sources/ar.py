@@ -1,23 +1,7 @@
-"""`ar`: no drafter. Every round verifies the pending token alone: plain autoregressive decoding."""
+"""`ar`: no drafter — the reference every speculative row is compared against. It lives in the decode core
+(decode/ar.py: calibration and the evaluate CLI decode plainly without importing a drafter); the SPEC
+registry and existing imports find it here."""
 
-from __future__ import annotations
+from decode.ar import ARDrafter
 
-from torch import Tensor
-
-from decode.protocol import Budget, TargetStep
-from decode.tree import DraftTree
-
-
-class ARDrafter:
-    name = "ar"
-    hidden_ids: tuple[int, ...] = ()
-    forward_passes = 0
-
-    def begin(self, prompt_ids: Tensor, step: TargetStep) -> None:
-        pass
-
-    def propose(self, budget: Budget) -> DraftTree:
-        return DraftTree.empty()
-
-    def accept(self, step: TargetStep) -> None:
-        pass
+__all__ = ["ARDrafter"]

@@ -116,7 +116,9 @@ def test_resolve_calibrates_once_then_reads_the_cache_and_recalibrates_for_anoth
                     pass_cost_curve(stories), **kw)
     again = resolve(decode_fn(stories), stories, make_drafter("early-exit:3", stories), "early-exit:3", [ids],
                     pass_cost_curve(stories), **kw)
-    assert not first.cached and again.cached and again.shape == first.shape and first.predicted is not None
+    # the cached part is the acceptance table; costs are re-measured each run, so on a busy machine the
+    # chosen shape may differ between the two calls — compare what the cache holds, not the choice
+    assert not first.cached and again.cached and again.acceptance == first.acceptance and first.predicted is not None
     assert first.calibration.endswith("calibration/early-exit_3.json")
     bf16 = Target.load(STORIES, dtype="bfloat16")
     other = resolve(decode_fn(bf16), bf16, make_drafter("early-exit:3", bf16), "early-exit:3",
