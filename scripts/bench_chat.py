@@ -34,6 +34,8 @@ REPO = Path(__file__).resolve().parents[1]
 SUITES = {"mt-bench": REPO / "recipes/data/mt_bench_question.jsonl",
           "spec-bench": REPO / "recipes/data/spec_bench_question.jsonl"}
 UNTRAINED = ["early-exit:4", "early-exit:8", "prompt-lookup", "lookahead"]
+CHAT_TARGET = REPO / "recipes/targets/smollm2-135m-instruct"
+SHIPPED = REPO / "recipes/smollm2-135m/drafters/eagle3"  # the trained chat drafter in the repo (EAGLE-3 layout, bf16)
 PEERS = ["hf-generate", "hf-prompt-lookup"]
 
 
@@ -95,8 +97,9 @@ def print_auto(report: dict, file=sys.stdout) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("drafters", nargs="*", help="trained drafter directories (native or exported)")
-    ap.add_argument("--target", default=str(REPO / "recipes/targets/smollm2-135m-instruct"))
+    ap.add_argument("drafters", nargs="*", help="trained drafter directories (native or exported); none on the "
+                                                "chat target: the shipped one, " + str(SHIPPED.relative_to(REPO)))
+    ap.add_argument("--target", default=str(CHAT_TARGET))
     ap.add_argument("--suite", choices=["mt-bench", "spec-bench", "both"], default="both")
     ap.add_argument("--limit", type=int, default=None, help="only the first N conversations of each suite")
     ap.add_argument("--per-category", type=int, default=None, metavar="N",
@@ -126,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     dtype = str(target.dtype).removeprefix("torch.")
     print(f"dtype: {dtype}" + (" (auto)" if args.dtype == "auto" else ""), file=sys.stderr)
     cfg = EvalConfig(max_new_tokens=args.max_new_tokens, draft_len=args.draft_len)
+    if not args.drafters and Path(args.target).resolve() == CHAT_TARGET.resolve() and SHIPPED.is_dir():
+        args.drafters = [str(SHIPPED)]  # the trained drafter made for this target
     specs = row_specs(args.untrained, args.drafters, args.tree)
     runners = [(s, make_run(s, target, cfg)) for s in specs]  # every SPEC resolved before anything runs
     suites = ["mt-bench", "spec-bench"] if args.suite == "both" else [args.suite]
