@@ -21,7 +21,7 @@ from drafters.trainable.layerskip.lora import ADAPTER
 from drafters.trainable.medusa import Medusa, MedusaConfig
 from tests.conftest import REPO, tiny_target
 from tests.drafters.batches import make_batch, random_sequences, record_rounds
-from tests.train.test_loop import recipe_overrides, regen, run, write_recipe  # noqa: F401 (regen: a fixture)
+from tests.train.test_loop import crash_at, recipe_overrides, regen, run, write_recipe  # noqa: F401 (regen: a fixture)
 from train.config import ConfigError, TrainConfig, load_recipe
 from train.loop import checkpoints, lr_factor
 from train.optim import make_optimizers, muon_split
@@ -239,7 +239,6 @@ def test_layerskip_recipe_chooses_rank_and_layers(tmp_path):
 
 def test_eagle3_levers_recipe_resumes_exactly(tmp_path, regen, monkeypatch):  # noqa: F811 (the fixture)
     from drafters.serving.export import export
-    from train import loop
 
     levers = [
         "drafter.eagle3.ttt_steps=3",
@@ -258,19 +257,12 @@ def test_eagle3_levers_recipe_resumes_exactly(tmp_path, regen, monkeypatch):  # 
         )
 
     full = run(tmp_path / "a", overrides("a"))
-    real = loop.LossModule.forward
-
-    def dies_at_5(self, batch, step):
-        if step == 4:
-            raise KeyboardInterrupt("simulated crash")
-        return real(self, batch, step)
-
-    monkeypatch.setattr(loop.LossModule, "forward", dies_at_5)
+    crash_at(monkeypatch, 4)
     with pytest.raises(KeyboardInterrupt):
         run(tmp_path / "b", overrides("b"))
     step_4 = checkpoints(tmp_path / "b/run")[-1]
     assert step_4.name == "step_4" and (step_4 / "optimizer_1.bin").exists()  # Muon's and AdamW's states
-    monkeypatch.setattr(loop.LossModule, "forward", real)
+    monkeypatch.undo()  # the crash hook off: resume
     resumed = run(tmp_path / "b", overrides("b"))
 
     rows = [[json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines()] for d in (full, resumed)]

@@ -92,24 +92,29 @@ def test_tiny_recipe_trains_exports_and_reloads(tmp_path, regen, kind):
     assert outs[0].stats.accepted_lengths == outs[1].stats.accepted_lengths
 
 
-def test_resume_continues_exactly(tmp_path, regen, monkeypatch):
+def crash_at(monkeypatch, at: int) -> None:
+    """The loop raises KeyboardInterrupt when it reaches step `at` (a simulated crash after step at's checkpoint)."""
     from train import loop
 
-    full = run(tmp_path / "a", recipe_overrides(regen, tmp_path / "a/run", "medusa", steps=6, save_every=2))
-    # the same run killed after step 4's checkpoint, then resumed
     real = loop.LossModule.forward
 
-    def dies_at_5(self, batch, step):
-        if step == 4:
+    def dies(self, batch, step):
+        if step == at:
             raise KeyboardInterrupt("simulated crash")
         return real(self, batch, step)
 
-    monkeypatch.setattr(loop.LossModule, "forward", dies_at_5)
+    monkeypatch.setattr(loop.LossModule, "forward", dies)
+
+
+def test_resume_continues_exactly(tmp_path, regen, monkeypatch):
+    full = run(tmp_path / "a", recipe_overrides(regen, tmp_path / "a/run", "medusa", steps=6, save_every=2))
+    # the same run killed after step 4's checkpoint, then resumed
+    crash_at(monkeypatch, 4)
     ov = recipe_overrides(regen, tmp_path / "b/run", "medusa", steps=6, save_every=2)
     with pytest.raises(KeyboardInterrupt):
         run(tmp_path / "b", ov)
     assert [p.name for p in checkpoints(tmp_path / "b/run")] == ["step_2", "step_4"]
-    monkeypatch.setattr(loop.LossModule, "forward", real)
+    monkeypatch.undo()  # the crash hook off: resume
     resumed = run(tmp_path / "b", ov)
     a, b = load_file(str(full / "export/model.safetensors")), load_file(str(resumed / "export/model.safetensors"))
     assert a.keys() == b.keys()
