@@ -22,7 +22,7 @@ from decode.policies import FixedPolicy, Policy, Round, capped, constant_cost, m
 from decode.prompts import render_turn
 from decode.protocol import Budget, Drafter, TargetStep, layer_reuse, side_rows
 from decode.sampling import Rng, SamplingConfig, TorchRng, probs_from_logits
-from decode.target import Target, has_bf16
+from decode.target import Target, bf16_reason
 from decode.tree import Shape, parse_shape
 from decode.verify import LazyRows, verify_greedy, verify_sampling
 
@@ -184,9 +184,8 @@ def check_decode_args(args: argparse.Namespace) -> None:
 def dtype_line(requested: str, target: Target) -> str:
     """What the run computes in, said at start (bf16 greedy output can leave fp32's at near-ties)."""
     got = str(target.dtype).removeprefix("torch.")
-    why = " (auto: bf16 in hardware)" if got == "bfloat16" else " (auto: fp32 is faster for a model this small)" \
-        if has_bf16(target.device) else " (auto: no bf16 in hardware)"
-    return f"dtype: {got}" + (why if requested == "auto" else "")
+    why = f" (auto: {bf16_reason(target.device, target.config.to_dict())})" if requested == "auto" else ""
+    return f"dtype: {got}{why}"
 
 
 def policy_for(spec: str, target_pass_s: float | None = None) -> Policy:

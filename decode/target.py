@@ -71,6 +71,17 @@ def resolve_dtype(dtype: str, device: str | torch.device = "cpu", config: dict |
     return "bfloat16" if has_bf16(device) and not small else "float32"
 
 
+def bf16_reason(device: str | torch.device, config: dict | None) -> str:
+    """Why `auto` chose what it did for this model on this device (decode.target.resolve_dtype's rule)."""
+    if not has_bf16(device):
+        return "no bf16 in hardware"
+    if resolve_dtype("auto", device, config) == "float32":
+        return f"bf16 in hardware, but fp32 is faster for a model under {MIN_BF16_PARAMS // 1_000_000}M parameters"
+    if torch.device(device).type == "cuda":
+        return "cuda has bf16"
+    return "cpu has " + next(f for f in ("amx_bf16", "avx512_bf16") if f in cpu_flags())
+
+
 def local_config(name_or_path: str | os.PathLike) -> dict | None:
     """A local model directory's config.json as a dict (None: a hub id, or no readable config)."""
     try:

@@ -50,7 +50,7 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from decode.target import MIN_BF16_PARAMS, Target, cpu_flags, has_bf16, local_config, resolve_dtype
+from decode.target import Target, bf16_reason, local_config, resolve_dtype
 from train.batch import collate
 from train.cache import CacheError, FeatureCache, check_existing, shard_name, write_index, write_shard
 from train.config import FeaturesConfig, Recipe, dump_config, load_recipe, with_feature_ids
@@ -125,17 +125,6 @@ def load_target(recipe: Recipe, device: str | torch.device = "cpu") -> Target:
     """The frozen target in features.target_dtype (`auto`: decode.target.resolve_dtype)."""
     fc = recipe.features
     return Target.load(recipe.target, dtype=fc.target_dtype, attn=fc.attn, device=str(device))
-
-
-def bf16_reason(device: str | torch.device, config: dict | None) -> str:
-    """Why `auto` chose what it did for this model on this device (decode.target.resolve_dtype's rule)."""
-    if not has_bf16(device):
-        return "no bf16 in hardware"
-    if resolve_dtype("auto", device, config) == "float32":
-        return f"bf16 in hardware, but fp32 is faster for a model under {MIN_BF16_PARAMS // 1_000_000}M parameters"
-    if torch.device(device).type == "cuda":
-        return "cuda has bf16"
-    return "cpu has " + next(f for f in ("amx_bf16", "avx512_bf16") if f in cpu_flags())
 
 
 def resolve_precision(recipe: Recipe, device: str | torch.device = "cpu") -> tuple[Recipe, str]:

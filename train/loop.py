@@ -25,7 +25,7 @@ from safetensors import SafetensorError
 from torch import nn
 
 from decode.errors import UserError, one_line
-from decode.target import has_bf16
+from decode.target import resolve_dtype
 from drafters.trainable.losses import simulated_chain_tau as simulated_tau
 from train.config import TrainConfig, dump_config
 from train.dataset import make_loader
@@ -98,7 +98,8 @@ def make_accelerator(cfg: TrainConfig, run_dir: Path):
     # step_scheduler_with_optimizer=False: accelerate would otherwise advance the schedule once per
     # process per step (it assumes the lr was tuned for one process); the schedule is per optimizer step.
     # an unresolved `auto` (train() called directly, not through `python -m train`): bf16 where native
-    mixed = cfg.mixed_precision if cfg.mixed_precision != "auto" else "bf16" if has_bf16(PartialState().device) else "no"
+    auto = resolve_dtype("auto", PartialState().device) == "bfloat16"  # decode.target's one rule (no config: a big model)
+    mixed = cfg.mixed_precision if cfg.mixed_precision != "auto" else "bf16" if auto else "no"
     if AcceleratorState._shared_state.get("_mixed_precision") not in (None, mixed):
         # a second run in this process (tests, a notebook) with another precision: accelerate's state is a
         # process-wide singleton that refuses the change, so drop it (the process state itself is kept)
