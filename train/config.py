@@ -272,6 +272,11 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 
 
 def dump_config(cfg: Any, path: str | Path) -> None:
-    """Write the resolved config as YAML (parents created)."""
+    """Write the resolved config as YAML (parents created). A recipe keeps only its chosen drafter's section:
+    the others are never read, and loading the file back (train.snapshot) would warn about each of their keys."""
+    d = to_dict(cfg)
+    drafter = d.get("drafter")
+    if isinstance(drafter, dict) and drafter.get("kind"):
+        d["drafter"] = {k: v for k, v in drafter.items() if k == "kind" or k == drafter["kind"]}
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    Path(path).write_text(yaml.safe_dump(d, sort_keys=False))

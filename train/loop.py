@@ -260,7 +260,7 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
     # 2. resume: accelerate restores optimizer, scheduler, RNG and weights; skip the consumed batches.
     # Checkpoints are written only at optimizer-step boundaries (never mid-accumulation): a run killed
     # mid-accumulation redoes that step's micro-batches from the last checkpoint.
-    step, window = 0, []
+    step, window, seen = 0, [], 0  # seen: trained (loss-masked) tokens so far, all ranks: the x axis of a tokens curve
     resume_from = None
     if cfg.resume == "auto":
         found = checkpoints(run_dir)
@@ -277,7 +277,8 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
                             "it to resume from the one before, or set train.resume=never") from None
         step = int(resume_from.name[len(CKPT_PREFIX):]) if resume_from.name.startswith(CKPT_PREFIX) else 0
         if (resume_from / RUN_STATE).exists():  # the losses since the last logged row: the next row averages them
-            window = json.loads((resume_from / RUN_STATE).read_text()).get("loss_window", [])
+            run_state = json.loads((resume_from / RUN_STATE).read_text())
+            window, seen = run_state.get("loss_window", []), run_state.get("trained_tokens", 0)
         if main:
             print(f"[train] resumed from {resume_from} at step {step}")
     log_path = run_dir / "metrics.jsonl"
@@ -297,7 +298,8 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
         if main:
             # how much of metrics.jsonl this checkpoint has seen: a resume from it cuts the file back there
             size = log_path.stat().st_size if log_path.exists() else 0
-            (tmp / RUN_STATE).write_text(json.dumps({"step": at, "metrics_bytes": size, "loss_window": window}))
+            (tmp / RUN_STATE).write_text(json.dumps({"step": at, "metrics_bytes": size, "loss_window": window,
+                                                          "trained_tokens": seen}))
             kill_point("train.checkpoint", at)  # test hook: a kill with the checkpoint written but not renamed
             if final.exists():
                 shutil.rmtree(final)
@@ -336,7 +338,8 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
                     sched.step()
                 opt.zero_grad()
             window.append(float(acc.reduce(loss.detach(), "mean")))
-            tokens += int(batch["loss_mask"].sum()) * acc.num_processes
+            n_trained = int(acc.reduce(batch["loss_mask"].sum().detach(), "sum"))
+            tokens, seen = tokens + n_trained, seen + n_trained
             micro += 1
             kill_point("train.micro", micro)  # test hook: a kill after micro-batch N (mid-accumulation or not)
             if not acc.sync_gradients:
@@ -347,7 +350,8 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
             if step % cfg.log_every == 0 or step == cfg.steps:
                 dt = time.perf_counter() - t0
                 row = {"step": step, "loss": sum(window) / len(window), "lr": sched.get_last_lr()[0],
-                       "tokens_per_s": tokens / dt if dt > 0 else 0.0, **{f"train/{k}": v for k, v in metrics.items()}}
+                       "tokens_per_s": tokens / dt if dt > 0 else 0.0,
+                       "trained_tokens": seen, **{f"train/{k}": v for k, v in metrics.items()}}
                 bar.set_postfix(loss=f"{row['loss']:.4f}", tok_s=f"{row['tokens_per_s']:.0f}")
                 _log(acc, log_path, row, step, main)
                 window, tokens, t0 = [], 0, time.perf_counter()

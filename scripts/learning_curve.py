@@ -1,0 +1,240 @@
+"""Learning curves: decoded τ and acceptance by depth of a run's drafter at each saved step, on MT-bench.
+
+Train with a constant learning rate (after warm-up) and keep every checkpoint; then the drafter at step s
+is the drafter of an s-step run, and one run gives the whole curve:
+
+    # (a) optimizer steps at fixed data: many epochs over the recipe's 1,024 answers
+    python -m train recipes/smollm2-135m/eagle3.yaml run_dir=runs/lc/e3-steps train.steps=2000 \\
+        train.schedule=constant train.save_every=125 train.keep_checkpoints=20 train.eval_every=0 train.sim_eval_prompts=0
+    # (b) training tokens at a fixed number of epochs (one): a single pass over more answers; the
+    #     checkpoint after N trained tokens is a one-epoch run over a random N-token subset
+    python -m train recipes/smollm2-135m/eagle3.yaml run_dir=runs/lc/e3-tokens data.max_records=3584 \\
+        train.steps=869 train.schedule=constant train.save_every=54 train.keep_checkpoints=20 ...
+    python scripts/learning_curve.py runs/lc/e3-steps runs/lc/e3-tokens --steps 125,250,500,1000,2000 --out runs/lc/curves
+
+For every (run, step): the native drafter (train.snapshot), then greedy decoding of MT-bench first turns
+(`--per-category` of each of the 8 categories) as chains of each `--chains` length and the `--tree`, with
+τ and acceptance by depth (P(accepted >= d), decode.metrics). Each point is appended to OUT/points.jsonl
+as it finishes, so a rerun skips what is done; OUT/curve.md (the table) and OUT/curve.png (τ against
+steps and against trained tokens, and depth-2 / depth-1 against steps) are rewritten at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from decode.generate import encode_prompt, generate
+from decode.metrics import GenStats
+from decode.prompts import Conversation, load_prompts, render_turn
+from decode.sampling import SamplingConfig
+from decode.target import Target
+from decode.tree import parse_shape
+from drafters.registry import make_drafter
+from train.config import load_recipe
+from train.loop import CKPT_PREFIX, checkpoints
+from train.snapshot import snapshot, uses_lora
+
+REPO = Path(__file__).resolve().parents[1]
+MT_BENCH = REPO / "recipes/data/mt_bench_question.jsonl"
+# The field's small-budget reference (speculators' EAGLE-3 examples: 5k samples x 5 epochs on 8B targets,
+# 3 draft tokens): tau 1.45-1.49, acceptance by position ~0.35 / 0.10 / 0.02 (issue 19's survey).
+FIELD = {"label": "speculators EAGLE-3, 5k samples x 5 epochs, k=3", "tau": (1.45, 1.49), "by_depth": (0.35, 0.10, 0.02)}
+
+
+def pick_steps(available: list[int], wanted: list[int] | None) -> list[int]:
+    """The steps to evaluate: `wanted` (each must be saved), or every saved step."""
+    if not wanted:
+        return available
+    missing = [s for s in wanted if s not in available]
+    if missing:
+        raise SystemExit(f"error: steps {missing} have no checkpoint (saved: {available}); choose from those")
+    return wanted
+
+
+def trained_tokens(run_dir: Path) -> dict[int, int]:
+    """Step -> trained (loss-masked) tokens so far, from the run's metrics.jsonl (logged every log_every steps)."""
+    out: dict[int, int] = {}
+    path = run_dir / "metrics.jsonl"
+    if path.exists():
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            if "trained_tokens" in row:
+                out[row["step"]] = row["trained_tokens"]
+    return out
+
+
+def first_per_category(convs: list[Conversation], n: int) -> list[Conversation]:
+    """The first n conversations of each category, in file order."""
+    counts: dict[str, int] = {}
+    out = []
+    for c in convs:
+        counts[c.category] = counts.get(c.category, 0) + 1
+        if counts[c.category] <= n:
+            out.append(c)
+    return out
+
+
+def prompts(target: Target, convs: list[Conversation]) -> list[torch.Tensor]:
+    """Each conversation's first turn, rendered with the target's chat template. Each [1, T]."""
+    out = []
+    for c in convs:
+        text, special = render_turn(target.tokenizer, c.turns[:1], [])
+        out.append(encode_prompt(target, text, special))
+    return out
+
+
+def decode_point(target: Target, drafter_dir: Path, ids: list[torch.Tensor], shapes: dict[str, str],
+                 max_new_tokens: int, draft_len_of: dict[str, int]) -> dict[str, dict]:
+    """τ and acceptance by depth of one drafter for each named shape, over all prompts (greedy)."""
+    drafter = make_drafter(str(drafter_dir), target)
+    out = {}
+    for name, tree in shapes.items():
+        shape = parse_shape(tree, draft_len_of.get(name, 8))
+        total = GenStats()
+        for x in ids:
+            total = total.merge(generate(target, drafter, x, max_new_tokens, SamplingConfig(), shape).stats)
+        out[name] = {"tau": total.tau, "by_depth": total.acceptance_by_depth, "new_tokens": total.new_tokens}
+    return out
+
+
+def ratio(by_depth: list[float]) -> float | None:
+    """depth-2 / depth-1 acceptance: how much of the depth-1 acceptance survives one more draft step."""
+    return by_depth[1] / by_depth[0] if len(by_depth) > 1 and by_depth[0] > 0 else None
+
+
+def write_table(points: list[dict], shapes: list[str], path: Path) -> str:
+    """The markdown table of every point, run by run in step order."""
+    head = "| run | step | trained tokens | " + " | ".join(f"τ {s}" for s in shapes) + \
+        " | chain-8 acceptance by depth 1–3 | depth-2 / depth-1 |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for p in sorted(points, key=lambda p: (p["run"], p["step"])):
+        c8 = p["shapes"].get("chain-8", {}).get("by_depth", [])
+        r = ratio(c8)
+        tok = f"{p['trained_tokens']:,}" if p.get("trained_tokens") else "-"
+        lines.append(f"| {p['run']} | {p['step']} | {tok} | " + " | ".join(f"{p['shapes'][s]['tau']:.3f}" for s in shapes)
+                     + f" | {', '.join(f'{a:.3f}' for a in c8[:3])} | {'-' if r is None else f'{r:.2f}'} |")
+    lo, hi = FIELD["tau"]
+    lines.append(f"| *{FIELD['label']}* | | | τ {lo}–{hi} (k=3) | | | "
+                 f"{', '.join(str(a) for a in FIELD['by_depth'])} | {FIELD['by_depth'][1] / FIELD['by_depth'][0]:.2f} |")
+    text = "\n".join(lines) + "\n"
+    path.write_text(text)
+    return text
+
+
+def plot(points: list[dict], shapes: list[str], path: Path) -> None:
+    """τ vs optimizer steps, τ vs trained tokens (log x), and depth-2 / depth-1 vs steps; one colour per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = list(dict.fromkeys(p["run"] for p in points))
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8), constrained_layout=True)
+    styles = ["-", "--", ":", "-."]
+    for i, run in enumerate(runs):
+        pts = sorted((p for p in points if p["run"] == run), key=lambda p: p["step"])
+        color = f"C{i}"
+        for j, s in enumerate(shapes):
+            y = [p["shapes"][s]["tau"] for p in pts]
+            axes[0].plot([p["step"] for p in pts], y, styles[j % 4], color=color, marker="o", label=f"{run} · {s}")
+            tok = [(p["trained_tokens"], v) for p, v in zip(pts, y) if p.get("trained_tokens")]
+            if tok:
+                axes[1].plot(*zip(*tok), styles[j % 4], color=color, marker="o", label=f"{run} · {s}")
+        r = [(p["step"], ratio(p["shapes"].get("chain-8", {}).get("by_depth", []))) for p in pts]
+        r = [(x, v) for x, v in r if v is not None]
+        if r:
+            axes[2].plot(*zip(*r), "-", color=color, marker="o", label=run)
+    lo, hi = FIELD["tau"]
+    for ax in axes[:2]:
+        ax.axhspan(lo, hi, color="grey", alpha=0.2, label="speculators 5k-sample τ (k=3)")
+        ax.axhline(1.0, color="black", lw=0.8)
+    axes[2].axhline(FIELD["by_depth"][1] / FIELD["by_depth"][0], color="grey", ls="--", label="speculators 5k-sample")
+    axes[2].axhline(0.25, color="red", ls=":", label="issue 19's aim (0.25)")
+    for ax, xl, yl in [(axes[0], "optimizer steps", "τ (tokens per target pass)"),
+                       (axes[1], "trained tokens", "τ"), (axes[2], "optimizer steps", "depth-2 / depth-1 (chain 8)")]:
+        ax.set_xscale("log")
+        ax.set_xlabel(xl)
+        ax.set_ylabel(yl)
+        ax.grid(alpha=0.3)
+    axes[0].set_title("τ against steps")
+    axes[1].set_title("τ against trained tokens")
+    axes[2].set_title("the depth collapse closing")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=min(4, len(labels)), fontsize=8)
+    h2, l2 = axes[2].get_legend_handles_labels()
+    axes[2].legend(h2, l2, fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("runs", nargs="+", help="training run directories (checkpoints kept at the curve's steps)")
+    ap.add_argument("--out", required=True, help="points.jsonl, curve.md and curve.png go here")
+    ap.add_argument("--steps", default="", help="comma-separated steps to evaluate (default: every saved one)")
+    ap.add_argument("--prompts", default=str(MT_BENCH), help="a prompt file (decode.prompts forms)")
+    ap.add_argument("--per-category", type=int, default=2, help="first N conversations of each category")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--chains", default="3,8", help="chain lengths k")
+    ap.add_argument("--tree", default="dynamic:topk=8,depth=6,nodes=24")
+    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    wanted = [int(s) for s in args.steps.split(",") if s.strip()]
+    chains = [int(k) for k in args.chains.split(",") if k.strip()]
+    shapes = {**{f"chain-{k}": "chain" for k in chains}, "tree": args.tree}
+    draft_len_of = {f"chain-{k}": k for k in chains}
+    # 1. what to evaluate, and what an earlier run of this script already did.
+    plan = []
+    for run in map(Path, args.runs):
+        saved = [int(p.name[len(CKPT_PREFIX):]) for p in checkpoints(run)]
+        if not saved:
+            print(f"error: {run}: no checkpoints (train with train.keep_checkpoints large enough)", file=sys.stderr)
+            return 2
+        plan += [(run, s) for s in pick_steps(saved, wanted)]
+    log = out / "points.jsonl"
+    points = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    done = {(p["run"], p["step"]) for p in points}
+    convs = first_per_category(load_prompts(args.prompts), args.per_category)
+    # 2. one target for every point; each drafter decodes the same first turns.
+    target = Target.load(run_target(Path(args.runs[0])), dtype=args.dtype)
+    ids = prompts(target, convs)
+    print(f"{len(plan)} points, {len(convs)} prompts x {args.max_new_tokens} tokens, {target.dtype}, shapes {shapes}",
+          file=sys.stderr)
+    for run, step in plan:
+        if (run.name, step) in done:
+            continue
+        snap = snapshot(run, step, run / "snapshots" / f"{CKPT_PREFIX}{step}", target)
+        # a LayerSkip-LoRA drafter adapts the target it is built on: a fresh target for each of those
+        t = Target.load(run_target(run), dtype=args.dtype) if uses_lora(load_recipe(run / "config.yaml")) else target
+        res = decode_point(t, snap, ids, shapes, args.max_new_tokens, draft_len_of)
+        point = {"run": run.name, "step": step, "trained_tokens": trained_tokens(run).get(step), "shapes": res,
+                 "prompts": len(ids), "max_new_tokens": args.max_new_tokens, "dtype": str(target.dtype)}
+        points.append(point)
+        with log.open("a") as f:
+            f.write(json.dumps(point) + "\n")
+        print(f"{run.name} step {step}: " + ", ".join(f"{k} {v['tau']:.3f}" for k, v in res.items()), file=sys.stderr)
+    # 3. the table and the figure.
+    print(write_table(points, list(shapes), out / "curve.md"))
+    plot(points, list(shapes), out / "curve.png")
+    print(f"wrote {out / 'curve.md'} and {out / 'curve.png'}", file=sys.stderr)
+    return 0
+
+
+def run_target(run: Path) -> str:
+    """The target directory a run trained on (its config.yaml's `target`)."""
+    import yaml
+
+    return yaml.safe_load((run / "config.yaml").read_text())["target"]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
