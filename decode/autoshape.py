@@ -8,7 +8,9 @@ The model, as pure functions:
   product of p over its path, and a tree's expected accepted length is the sum of that over its nodes.
 - cost of a round: the drafter's per-round work + its calls (a chain of k makes k calls of one node;
   EAGLE-2's dynamic tree one root call and depth - 1 calls of top-k nodes) + the target pass over
-  1 + nodes rows (the pass-cost curve decode.costmodel measures in this run) + the loop's overhead.
+  1 + nodes rows (the pass-cost curve decode.costmodel measures in this run) + the verify step's work
+  beyond that bare pass (a line in the rows: AR's at one row, the calibration tree's at its rows) + the
+  loop's overhead.
 - tokens/s = E[accepted + 1] / round cost; a small grid of chains and dynamic trees is searched.
 p and the costs come from decode.calibration (measured with the real decoder; p cached with the drafter).
 """
@@ -87,12 +89,18 @@ class Costs:
     width: int
     round_s: float  # commit + loop bookkeeping per speculative round
     round_ar_s: float  # the same for plain decoding
+    verify_extra_1: float = 0.0  # the verify step's seconds beyond the bare pass, at one row (AR)
+    verify_extra_per_row: float = 0.0  # ... and per further row (tree mask, LM head on visited rows)
 
     def call(self, w: int) -> float:
         """A drafter call over w nodes: linear between the two measured widths."""
         if self.width <= 1:
             return self.call_1
         return max(0.0, self.call_1 + (self.call_w - self.call_1) * (w - 1) / (self.width - 1))
+
+    def verify_extra(self, rows: int) -> float:
+        """The verify step's seconds beyond the bare pass over `rows` rows: linear from AR's one row."""
+        return self.verify_extra_1 + self.verify_extra_per_row * (rows - 1)
 
 
 @dataclass(frozen=True)
@@ -121,8 +129,9 @@ def predict(p: Acceptance, shape: Shape, costs: Costs, verify_s: Callable[[float
         paths = dynamic_paths(p, shape.topk, shape.depth, shape.nodes)
         draft = costs.round_draft_s + costs.call(1) + (shape.depth - 1) * costs.call(shape.topk)
     tau = 1.0 + expected_accepted(p, paths)
-    round_s = draft + verify_s(1 + len(paths)) + costs.round_s
-    ar_s = verify_s(1) + costs.round_ar_s
+    rows = 1 + len(paths)
+    round_s = draft + verify_s(rows) + costs.verify_extra(rows) + costs.round_s
+    ar_s = verify_s(1) + costs.verify_extra(1) + costs.round_ar_s
     return Candidate(shape, shape_spec(shape), tau, round_s, (tau / round_s) * ar_s)
 
 

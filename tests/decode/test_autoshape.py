@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from decode.ar import ARDrafter
 from decode.autoshape import (
     Costs,
     acceptance,
@@ -23,10 +24,14 @@ from decode.calibration import (
     count_ranks,
     drafter_stamp,
     load_cached,
+    measure_costs,
     store,
+    verify_extra,
 )
+from decode.costmodel import cost_at
 from decode.evaluate import EvalConfig, evaluate, prepare
 from decode.generate import encode_prompt, generate
+from decode.metrics import GenStats
 from decode.prompts import Conversation
 from decode.sampling import SamplingConfig
 from decode.target import Target
@@ -69,6 +74,31 @@ def test_optimiser_drafts_long_when_verifying_is_flat_and_short_when_steep():
     # a wide calibration lets it pick a tree when the pass is flat and the second rank is often right
     wide, cands = choose([[0.4, 0.3, 0.1, 0.1]] * 4, Costs(0.0, 0.001, 0.001, 4, 0.0, 0.0), lambda n: 1.0, 4, 4)
     assert wide.shape.kind == "dynamic" and wide.tau == max(c.tau for c in cands)
+
+
+def test_verify_extra_is_a_line_in_the_rows_so_a_wide_calibration_tree_is_not_charged_to_ar():
+    curve = {1: 0.030, 65: 0.040}
+    # AR: 10 rounds of one row, 1 ms over the bare pass; the caterpillar: 10 rounds of 1 + 64 rows, 33 ms over
+    ar = GenStats(rounds=10, verify_s=10 * 0.031)
+    narrow = GenStats(rounds=10, draft_nodes=640, verify_s=10 * 0.073)
+    assert verify_extra([ar], curve) == pytest.approx(0.001) and verify_extra([narrow], curve) == pytest.approx(0.033)
+
+    def decode(drafter, ids, n, shape):  # the runs measure_costs makes (AR, then Recorder-wrapped), fixed stats
+        if isinstance(drafter, ARDrafter):
+            return ar
+        for _ in range(10):
+            drafter.propose_s.append(0.002)
+            drafter.rounds.append((DraftTree.chain([1] * (1 if shape.kind == "chain" else 8)), []))
+        return narrow if shape.kind == "static" else GenStats(rounds=10, verify_s=0.31)
+
+    c = measure_costs(decode, make_drafter("early-exit:1", Target.load(STORIES)), torch.tensor([1, 2]), 8, 8, 8,
+                      curve)
+    assert c["verify_extra_1"] == pytest.approx(0.001) and c["verify_extra_per_row"] == pytest.approx(0.032 / 64)
+    k = Costs(0.0, 0.0, 0.0, 1, 0.0, 0.0, c["verify_extra_1"], c["verify_extra_per_row"])
+    chain = choose([[0.5]] * 8, k, lambda n: cost_at(curve, n), max_depth=1, width=1)[0]
+    # a chain of 1: 2 rows; AR pays its own 1 ms, not the caterpillar's 33
+    ar_s, round_s = 0.030 + 0.001, cost_at(curve, 2) + 0.001 + 0.032 / 64
+    assert chain.round_s == pytest.approx(round_s) and chain.speedup == pytest.approx(1.5 / round_s * ar_s)
 
 
 def test_acceptance_shrinks_thin_depths_towards_the_one_above():
