@@ -29,13 +29,18 @@ KIND = "draftsmith-pass-cost"
 
 @torch.inference_mode()
 def measure_pass_cost(target: Target, tokens: tuple[int, ...] = DEFAULT_TOKENS, prefix: int = 32, repeats: int = 3,
-                      before_pass: Callable[[], None] | None = None, seed: int = 0) -> dict[int, float]:
-    """Median seconds of one verification pass over n tokens (the pending root + a chain of n - 1 drafts).
+                      before_pass: Callable[[], None] | None = None, seed: int = 0,
+                      reduce: Callable[[list[float]], float] = statistics.median) -> dict[int, float]:
+    """Seconds of one verification pass over n tokens (the pending root + a chain of n - 1 drafts), reduced
+    over `repeats` timings (median; `min` where a shared machine's pre-emptions should not count).
 
-    1. prefill `prefix` random tokens once; 2. per n, one warm-up pass, then `repeats` timed passes,
-    each through `Target.forward_tree` (the decoder's own verification path: layers over every row,
-    the LM head on the root row — decode.generate applies it only to the rows it visits) and cropped
-    back to the prefix. `before_pass` runs untimed before each pass (e.g. `drop_page_cache` for cold-disk numbers).
+    1. prefill `prefix` random tokens once; 2. one untimed warm-up pass per n; 3. `repeats` rounds, each
+    timing one pass per n in a rotated order — so a stretch of load on a shared machine falls on every n
+    alike, not on the n that happened to be measured then (measured before: the chat target's 1-row pass
+    read 47 ms in one curve and 25 ms in the next). Each pass goes through `Target.forward_tree` (the
+    decoder's own verification path: layers over every row, the LM head on the root row — decode.generate
+    applies it only to the rows it visits) and is cropped back to the prefix. `before_pass` runs untimed
+    before each pass (e.g. `drop_page_cache` for cold-disk numbers).
     """
     if min(tokens) < 1 or prefix < 1:
         raise ValueError(f"token counts {tokens} and prefix {prefix} must be >= 1")
@@ -45,25 +50,31 @@ def measure_pass_cost(target: Target, tokens: tuple[int, ...] = DEFAULT_TOKENS, 
     vocab = target.vocab_size
     cache = target.new_cache()
     target.prefill(torch.randint(vocab, (prefix,), generator=g), cache)
-    curve: dict[int, float] = {}
-    for n in sorted(set(tokens)):
-        drafts = torch.randint(vocab, (n - 1,), generator=g)
-        tree = DraftTree.chain(drafts)
-        root = int(torch.randint(vocab, (1,), generator=g))
-        times = []
-        for r in range(repeats + 1):
-            if before_pass is not None:
-                before_pass()
-            t0 = time.perf_counter()
-            out = target.forward_tree(root, tree, cache, logits=False)
-            target.head(out.last[:1])  # the decoder's verifier runs the LM head on the rows it visits only
-            if target.device.type == "cuda":
-                torch.cuda.synchronize(target.device)
-            if r:  # r == 0 is the warm-up
-                times.append(time.perf_counter() - t0)
-            cache.crop(prefix)
-        curve[n] = statistics.median(times)
-    return curve
+    ns = sorted(set(tokens))
+    passes = {n: (int(torch.randint(vocab, (1,), generator=g)), DraftTree.chain(torch.randint(vocab, (n - 1,),
+                                                                                             generator=g)))
+              for n in ns}
+
+    def one_pass(n: int) -> float:
+        if before_pass is not None:
+            before_pass()
+        root, tree = passes[n]
+        t0 = time.perf_counter()
+        out = target.forward_tree(root, tree, cache, logits=False)
+        target.head(out.last[:1])  # the decoder's verifier runs the LM head on the rows it visits only
+        if target.device.type == "cuda":
+            torch.cuda.synchronize(target.device)
+        dt = time.perf_counter() - t0
+        cache.crop(prefix)
+        return dt
+
+    for n in ns:  # warm-up
+        one_pass(n)
+    times: dict[int, list[float]] = {n: [] for n in ns}
+    for r in range(repeats):
+        for n in ns[r % len(ns):] + ns[: r % len(ns)]:
+            times[n].append(one_pass(n))
+    return {n: reduce(times[n]) for n in ns}
 
 
 def cost_at(curve: dict[int, float], n: float) -> float:
