@@ -47,13 +47,14 @@ FIELD = {"label": "speculators EAGLE-3, 5k samples x 5 epochs, k=3", "tau": (1.4
 
 
 def pick_steps(available: list[int], wanted: list[int] | None) -> list[int]:
-    """The steps to evaluate: `wanted` (each must be saved), or every saved step."""
+    """The steps to evaluate: those of `wanted` this run saved (several runs may share one list), or every
+    saved step; none of them saved is an error."""
     if not wanted:
         return available
-    missing = [s for s in wanted if s not in available]
-    if missing:
-        raise SystemExit(f"error: steps {missing} have no checkpoint (saved: {available}); choose from those")
-    return wanted
+    chosen = [s for s in wanted if s in available]
+    if not chosen:
+        raise SystemExit(f"error: none of steps {wanted} has a checkpoint (saved: {available}); choose from those")
+    return chosen
 
 
 def trained_tokens(run_dir: Path) -> dict[int, int]:
@@ -176,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", help="training run directories (checkpoints kept at the curve's steps)")
     ap.add_argument("--out", required=True, help="points.jsonl, curve.md and curve.png go here")
-    ap.add_argument("--steps", default="", help="comma-separated steps to evaluate (default: every saved one)")
+    ap.add_argument("--steps", default="", help="comma-separated steps to evaluate where a run saved them "
+                                                "(default: every saved one)")
     ap.add_argument("--prompts", default=str(MT_BENCH), help="a prompt file (decode.prompts forms)")
     ap.add_argument("--per-category", type=int, default=2, help="first N conversations of each category")
     ap.add_argument("--max-new-tokens", type=int, default=64)
