@@ -36,7 +36,7 @@ from decode.target import Target
 from decode.tree import parse_shape
 from drafters.registry import make_drafter
 from train.config import load_recipe
-from train.loop import CKPT_PREFIX, checkpoints
+from train.loop import CKPT_PREFIX, RUN_STATE, checkpoints
 from train.snapshot import snapshot, uses_lora
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,16 +57,15 @@ def pick_steps(available: list[int], wanted: list[int] | None) -> list[int]:
     return chosen
 
 
-def trained_tokens(run_dir: Path) -> dict[int, int]:
-    """Step -> trained (loss-masked) tokens so far, from the run's metrics.jsonl (logged every log_every steps)."""
-    out: dict[int, int] = {}
+def trained_tokens(run_dir: Path, step: int) -> int | None:
+    """Trained (loss-masked) tokens seen by `step`: the checkpoint's own count (train/loop.py keeps it in
+    draftsmith_state.json), else the metrics.jsonl row of that step; None for runs older than the count."""
+    state = run_dir / "checkpoints" / f"{CKPT_PREFIX}{step}" / RUN_STATE
+    if state.exists() and "trained_tokens" in (s := json.loads(state.read_text())):
+        return s["trained_tokens"]
     path = run_dir / "metrics.jsonl"
-    if path.exists():
-        for line in path.read_text().splitlines():
-            row = json.loads(line)
-            if "trained_tokens" in row:
-                out[row["step"]] = row["trained_tokens"]
-    return out
+    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    return next((r["trained_tokens"] for r in rows if r.get("step") == step and "trained_tokens" in r), None)
 
 
 def first_per_category(convs: list[Conversation], n: int) -> list[Conversation]:
@@ -205,6 +204,10 @@ def main(argv: list[str] | None = None) -> int:
     log = out / "points.jsonl"
     points = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     done = {(p["run"], p["step"]) for p in points}
+    for p in points:  # a count the run's checkpoints hold but an older version of this script did not read
+        run = next((Path(r) for r in args.runs if Path(r).name == p["run"]), None)
+        if p.get("trained_tokens") is None and run is not None:
+            p["trained_tokens"] = trained_tokens(run, p["step"])
     convs = first_per_category(load_prompts(args.prompts), args.per_category)
     # 2. one target for every point; each drafter decodes the same first turns.
     target = Target.load(run_target(Path(args.runs[0])), dtype=args.dtype)
@@ -218,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         # a LayerSkip-LoRA drafter adapts the target it is built on: a fresh target for each of those
         t = Target.load(run_target(run), dtype=args.dtype) if uses_lora(load_recipe(run / "config.yaml")) else target
         res = decode_point(t, snap, ids, shapes, args.max_new_tokens, draft_len_of)
-        point = {"run": run.name, "step": step, "trained_tokens": trained_tokens(run).get(step), "shapes": res,
+        point = {"run": run.name, "step": step, "trained_tokens": trained_tokens(run, step), "shapes": res,
                  "prompts": len(ids), "max_new_tokens": args.max_new_tokens, "dtype": str(target.dtype)}
         points.append(point)
         with log.open("a") as f:
