@@ -147,9 +147,8 @@ def measure_costs(decode: DecodeFn, drafter: Drafter, prompt: Tensor, max_new_to
     2. the caterpillar, chains of 1 and a dynamic tree of top-`width`: the per-round drafting work and the cost
        of a call over 1 and over `width` nodes (call_costs), and the round overhead;
     3. the verify step's extra over `curve` (its bare pass) as a line in the rows verified: AR's at one row,
-       the caterpillar's at its rows. (Pooled into one constant, as before, the wide caterpillar's tree-mask
-       and LM-head work was charged to AR's single row too: on the chat target in bf16 that doubled AR's
-       predicted cost and predicted 1.41x where 0.96x was measured.)
+       the caterpillar's at its rows (one pooled constant would charge the 64-node caterpillar's tree-mask
+       and LM-head work to AR's single row too).
     """
     decode(ARDrafter(), prompt, min(8, max_new_tokens), Shape())
     ar = decode(ARDrafter(), prompt, max_new_tokens, Shape())

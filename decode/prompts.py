@@ -47,6 +47,18 @@ def load_prompts(path: str | Path, limit: int | None = None) -> list[Conversatio
     return convs[:limit] if limit is not None else convs
 
 
+
+def first_per_category(convs: list[Conversation], n: int) -> list[Conversation]:
+    """The first n conversations of each category, in file order (a cheaper run that still covers them all)."""
+    counts: dict[str, int] = {}
+    out = []
+    for c in convs:
+        counts[c.category] = counts.get(c.category, 0) + 1
+        if counts[c.category] <= n:
+            out.append(c)
+    return out
+
+
 def text_line(lineno: int, line: str) -> Conversation:
     return Conversation(str(lineno), DEFAULT_CATEGORY, (line.strip(),))
 

@@ -20,13 +20,12 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-from collections import Counter
 from pathlib import Path
 
 import torch
 
 from decode.evaluate import EvalConfig, evaluate, make_run, print_divergences
-from decode.prompts import Conversation, load_prompts
+from decode.prompts import Conversation, first_per_category, load_prompts
 from decode.report import write_report
 from decode.target import Target
 
@@ -45,17 +44,6 @@ def row_specs(untrained: list[str], trained: list[str], tree: str) -> list[str]:
     for d in trained:
         specs += [d, f"{d}@{tree}", f"{d}@auto"]
     return specs + PEERS
-
-
-def first_per_category(convs: list[Conversation], n: int) -> list[Conversation]:
-    """The first n conversations of each category, in file order."""
-    seen: Counter[str] = Counter()
-    out = []
-    for c in convs:
-        if seen[c.category] < n:
-            out.append(c)
-            seen[c.category] += 1
-    return out
 
 
 def print_table(report: dict, title: str, file=sys.stdout) -> None:

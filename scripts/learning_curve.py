@@ -7,7 +7,7 @@ is the drafter of an s-step run, and one run gives the whole curve:
     python -m train recipes/smollm2-135m/eagle3.yaml run_dir=runs/lc/e3-steps train.steps=2000 \\
         train.schedule=constant train.save_every=125 train.keep_checkpoints=20 train.eval_every=0 train.sim_eval_prompts=0
     # (b) training tokens at a fixed number of epochs (one): a single pass over more answers; the
-    #     checkpoint after N trained tokens is a one-epoch run over a random N-token subset
+    #     checkpoint after N trained tokens is a one-epoch run over a random N-token subset (not yet run)
     python -m train recipes/smollm2-135m/eagle3.yaml run_dir=runs/lc/e3-tokens data.max_records=3584 \\
         train.steps=869 train.schedule=constant train.save_every=54 train.keep_checkpoints=20 ...
     python scripts/learning_curve.py runs/lc/e3-steps runs/lc/e3-tokens --steps 125,250,500,1000,2000 --out runs/lc/curves
@@ -30,7 +30,7 @@ import torch
 
 from decode.generate import encode_prompt, generate
 from decode.metrics import GenStats
-from decode.prompts import Conversation, load_prompts, render_turn
+from decode.prompts import Conversation, first_per_category, load_prompts, render_turn
 from decode.sampling import SamplingConfig
 from decode.target import Target
 from decode.tree import parse_shape
@@ -66,17 +66,6 @@ def trained_tokens(run_dir: Path, step: int) -> int | None:
     path = run_dir / "metrics.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
     return next((r["trained_tokens"] for r in rows if r.get("step") == step and "trained_tokens" in r), None)
-
-
-def first_per_category(convs: list[Conversation], n: int) -> list[Conversation]:
-    """The first n conversations of each category, in file order."""
-    counts: dict[str, int] = {}
-    out = []
-    for c in convs:
-        counts[c.category] = counts.get(c.category, 0) + 1
-        if counts[c.category] <= n:
-            out.append(c)
-    return out
 
 
 def prompts(target: Target, convs: list[Conversation]) -> list[torch.Tensor]:
