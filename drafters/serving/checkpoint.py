@@ -260,8 +260,19 @@ def load_weights(module: nn.Module, ckpt_dir: str | os.PathLike) -> None:
         module.load_adapter(path / ADAPTER_DIR)
 
 
+def in_target_dtype(module: nn.Module, target: Target) -> nn.Module:
+    """The module cast to the target's floating dtype, for decoding: a bf16 target drafts in bf16 too.
+
+    A module is built in float32 and a bf16 file is upcast into it on load; left so, every draft step
+    of a bf16 run paid float32 matmuls (on the chat target a 16k-row draft head over 8 rows: 6.2 ms vs
+    1.1 ms in bf16). The target verifies every draft, so the drafter's dtype changes which tokens are
+    proposed, never what is emitted. A float32 target keeps a float32 drafter (bit-exact comparisons).
+    """
+    return module.to(target.dtype) if target.dtype.is_floating_point else module
+
+
 def load_as_drafter(target: Target, path: Path) -> Drafter | None:
     """registry.DIR_LOADERS entry: a native checkpoint directory -> its decode-time drafter (None if not native)."""
     if read_meta(path) is None:
         return None
-    return load_drafter(path, target).drafter(name=str(path))
+    return in_target_dtype(load_drafter(path, target), target).drafter(name=str(path))

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from decode.errors import load_safetensors, read_json
 from decode.target import Target
+from drafters.serving.checkpoint import in_target_dtype
 from drafters.serving.layouts.formats import LAYER_PREFIX, detect_format, problems
 from drafters.serving.layouts.rules import SHARED_EMBEDDING, TargetFacts, capture_ids_hf
 
@@ -141,7 +142,7 @@ def load_as_drafter(target: Target, path: Path):
     """registry.DIR_LOADERS entry: an engine-layout directory -> its decode-time drafter (None if not one)."""
     fmt = detect_format(read_config(path) or {})
     if fmt in LAYER_PREFIX:
-        return load_eagle3(path, target).drafter(name=str(path))
+        return in_target_dtype(load_eagle3(path, target), target).drafter(name=str(path))
     if fmt == "medusa-vllm":
-        return load_medusa(path, target).drafter(name=str(path))
+        return in_target_dtype(load_medusa(path, target), target).drafter(name=str(path))
     return None

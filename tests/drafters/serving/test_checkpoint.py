@@ -82,6 +82,25 @@ def test_registry_loads_a_native_directory(tmp_path):
         make_drafter(str(tmp_path), target)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_bf16_target_drafts_in_bf16_and_stays_lossless(tmp_path, kind):
+    """A float32 module on a bf16 target made every draft step a float32 matmul (the chat target's 16k-row
+    draft head: 6.2 vs 1.1 ms); loaded for decoding it takes the target's dtype, and a float32 target keeps
+    a float32 drafter. Either way the greedy output is the target's own."""
+    from decode.target import Target
+    from drafters.sources.ar import ARDrafter
+    from tests.conftest import tiny_model
+
+    out = save_drafter(build(kind, tiny_target("qwen3", seed=3)), tmp_path / "export")
+    for dtype in (torch.bfloat16, torch.float32):
+        target = Target(tiny_model("qwen3", seed=3).to(dtype))
+        d = make_drafter(str(out), target)
+        module = getattr(d, "m", None)
+        if module is not None:  # EAGLE and Medusa drafters hold their module
+            assert {p.dtype for p in module.parameters()} == {dtype}
+        assert generate(target, d, PROMPT, 12).tokens == generate(target, ARDrafter(), PROMPT, 12).tokens
+
+
 def test_wrong_target_is_refused(tmp_path):
     out = save_drafter(build("medusa", tiny_target("qwen3")), tmp_path / "m")
     with pytest.raises(ValueError, match="hidden_size: drafter trained for 32, target has 48"):
