@@ -183,18 +183,27 @@ def read_choices(arg: str) -> tuple[tuple[int, ...], ...]:
 
 
 # A drafter's step function: given new nodes (ids [n] in grown order, tokens [n], parent ids [n],
-# -1 = root), run the drafter on them and return their next-token log-probs [n, V].
+# -1 = root), run the drafter on them and return their next-token log-probs [n, V] — or [n, N] over
+# the columns of the grower's `vocab` (column j = target token vocab[j]; an EAGLE-3 draft vocabulary),
+# so no drafter has to spread a small vocabulary over the target's and rank 49k-wide rows each step.
 # The root itself comes first as ids [-1], tokens [root token], parents [-2].
 StepFn = Callable[[list[int], list[int], list[int]], Tensor]
+# A chain's draw from one row of log-probs: (column, q over the target vocabulary [V] or None).
+SampleFn = Callable[[Tensor], tuple[int, Tensor | None]]
 
 
 def step_root(step: StepFn, root: int) -> Tensor:
     return step([-1], [root], [-2])[0]
 
 
-def grow_chain(step: StepFn, root: int, k: int, sample: Callable[[Tensor], tuple[int, Tensor | None]],
-               stop: StopRule | None = None) -> DraftTree:
-    """Up to k tokens, each drawn by `sample(logprobs) -> (token, q or None)` from the previous one.
+def to_ids(cols: Tensor, vocab: Tensor | None) -> list[int]:
+    """Log-prob columns [n] -> target token ids (vocab None: the columns are the ids)."""
+    return (cols if vocab is None else vocab[cols.to(vocab.device)]).tolist()
+
+
+def grow_chain(step: StepFn, root: int, k: int, sample: SampleFn, stop: StopRule | None = None,
+               vocab: Tensor | None = None) -> DraftTree:
+    """Up to k tokens, each drawn by `sample(logprobs) -> (column, q or None)` from the previous one.
 
     After each token, `stop(confidences so far)` may end the chain early (before the next drafter
     step is paid for). conf records the drafter's probability of each drafted token.
@@ -204,10 +213,11 @@ def grow_chain(step: StepFn, root: int, k: int, sample: Callable[[Tensor], tuple
     lp = step_root(step, root)
     tokens, qs, conf = [], [], []
     for i in range(k):
-        tok, q = sample(lp)
+        col, q = sample(lp)
+        tok = col if vocab is None else int(vocab[col])
         tokens.append(tok)
         qs.append(q)
-        conf.append(float(lp[tok].exp()))
+        conf.append(float(lp[col].exp()))
         if i + 1 == k or (stop is not None and stop(conf)):
             break
         lp = step([i], [tok], [i - 1])[0]
@@ -215,7 +225,8 @@ def grow_chain(step: StepFn, root: int, k: int, sample: Callable[[Tensor], tuple
     return DraftTree.chain(tokens, q, torch.tensor(conf))
 
 
-def grow_static(step: StepFn, root: int, choices: tuple[tuple[int, ...], ...]) -> DraftTree:
+def grow_static(step: StepFn, root: int, choices: tuple[tuple[int, ...], ...],
+                vocab: Tensor | None = None) -> DraftTree:
     """Medusa-style static tree: path (r1, r2, ...) = the r1-th best child, then its r2-th best..."""
     if not choices:
         return DraftTree.empty()
@@ -228,7 +239,7 @@ def grow_static(step: StepFn, root: int, choices: tuple[tuple[int, ...], ...]) -
         for c in level:
             ranked = torch.topk(logprobs[c[:-1]], c[-1] + 1).indices
             index[c] = len(tokens)
-            tokens.append(int(ranked[c[-1]]))
+            tokens.append(to_ids(ranked[c[-1]:c[-1] + 1], vocab)[0])
             parents.append(index[c[:-1]] if depth > 1 else -1)
         expand = [c for c in level if any(len(d) == depth + 1 and d[:-1] == c for d in choices)]
         if expand:
@@ -238,7 +249,8 @@ def grow_static(step: StepFn, root: int, choices: tuple[tuple[int, ...], ...]) -
     return DraftTree(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long))
 
 
-def grow_dynamic(step: StepFn, root: int, topk: int, depth: int, nodes: int) -> DraftTree:
+def grow_dynamic(step: StepFn, root: int, topk: int, depth: int, nodes: int,
+                 vocab: Tensor | None = None) -> DraftTree:
     """EAGLE-2: expand the top-k children of the best frontier nodes by cumulative log-prob, rerank.
 
     1. root -> its top-k children form the first level;
@@ -252,15 +264,16 @@ def grow_dynamic(step: StepFn, root: int, topk: int, depth: int, nodes: int) -> 
     lp = step_root(step, root)
     topk = min(topk, lp.numel())
     top = torch.topk(lp, topk)
-    tokens, parents, scores = top.indices.tolist(), [-1] * topk, top.values.tolist()
+    tokens, parents, scores = to_ids(top.indices, vocab), [-1] * topk, top.values.tolist()
     frontier = list(range(topk))
     for _ in range(depth - 1):
         lps = step(frontier, [tokens[i] for i in frontier], [parents[i] for i in frontier])
-        cand = torch.tensor([scores[i] for i in frontier]).view(-1, 1) + lps  # [F, V]
+        cand = torch.tensor([scores[i] for i in frontier], device=lps.device).view(-1, 1) + lps  # [F, V or N]
         best = torch.topk(cand.view(-1), topk)
+        flat = best.indices
         new = []
-        for flat, score in zip(best.indices.tolist(), best.values.tolist()):
-            f, tok = divmod(flat, cand.shape[1])
+        for f, tok, score in zip((flat // cand.shape[1]).tolist(), to_ids(flat % cand.shape[1], vocab),
+                                 best.values.tolist()):
             new.append(len(tokens))
             tokens.append(tok)
             parents.append(frontier[f])
@@ -279,12 +292,13 @@ def grow_dynamic(step: StepFn, root: int, topk: int, depth: int, nodes: int) -> 
     return tree.select(torch.tensor(kept, dtype=torch.long))
 
 
-def grow(step: StepFn, root: int, shape: Shape, sample: Callable[[Tensor], tuple[int, Tensor | None]]) -> DraftTree:
-    """Grow a draft of the given shape with a drafter's step function."""
+def grow(step: StepFn, root: int, shape: Shape, sample: SampleFn, vocab: Tensor | None = None) -> DraftTree:
+    """Grow a draft of the given shape with a drafter's step function (log-probs over `vocab`'s columns
+    when given: `sample` then returns a column and q over the target vocabulary)."""
     if shape.kind == "chain":
-        return grow_chain(step, root, shape.k, sample, shape.stop)
+        return grow_chain(step, root, shape.k, sample, shape.stop, vocab)
     if shape.kind == "static":
-        return grow_static(step, root, shape.choices)
+        return grow_static(step, root, shape.choices, vocab)
     if shape.kind == "dynamic":
-        return grow_dynamic(step, root, shape.topk, shape.depth, shape.nodes)
+        return grow_dynamic(step, root, shape.topk, shape.depth, shape.nodes, vocab)
     raise ValueError(f"unknown draft shape {shape.kind!r}")

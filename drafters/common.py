@@ -15,7 +15,7 @@ from torch import Tensor
 from decode.protocol import Budget, TargetStep
 from decode.sampling import probs_from_logits
 from decode.target import KVCache, LayerReuse, causal_mask
-from decode.tree import DraftTree, grow
+from decode.tree import DraftTree, SampleFn, grow
 
 # run(ids [T], positions [T], mask [1, 1, T, S] or None, cache) -> (logits [T, V], state [T, D])
 RunFn = Callable[[Tensor, Tensor, Tensor | None, KVCache], tuple[Tensor, Tensor]]
@@ -54,14 +54,22 @@ class Scratch:
         return positions, mask.to(self.device).view(1, 1, n, -1)
 
 
-def sampler(budget: Budget) -> Callable[[Tensor], tuple[int, Tensor | None]]:
-    """How a chain draws its next token from the drafter's log-probs: argmax when greedy, else q."""
+def sampler(budget: Budget, vocab: Tensor | None = None, size: int = 0) -> SampleFn:
+    """How a chain draws its next column from the drafter's log-probs: argmax when greedy, else from q.
+
+    With `vocab` the log-probs cover only those target tokens (decode.tree.grow's columns); the q a
+    sampled draft is verified against is then spread over the target's `size` tokens (zero elsewhere):
+    the same distribution as softmax over the whole vocabulary with -inf outside it.
+    """
 
     def sample(logprobs: Tensor) -> tuple[int, Tensor | None]:
         if budget.sampling.greedy or budget.rng is None:
             return int(logprobs.argmax()), None
         q = probs_from_logits(logprobs, budget.sampling)
-        return budget.rng.categorical(q), q
+        col = budget.rng.categorical(q)
+        if vocab is not None:
+            q = q.new_zeros(size).index_copy_(0, vocab.to(q.device), q)
+        return col, q
 
     return sample
 

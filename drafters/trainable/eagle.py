@@ -183,7 +183,8 @@ class _Eagle(nn.Module):
         self._noise_calls = (-1, 0)  # (step, training calls seen at that step): micro-batches of one step differ
 
     # Subclasses define: project(hidden) -> x [.., H]; step(x, emb, positions, ctx) -> (logits, out);
-    # full_logprobs(logits) -> [.., V]; to_target(ids) -> target ids; decode_hidden_ids; loss().
+    # step_vocab() -> the target id of each logit column, or None; to_target(ids) -> target ids;
+    # decode_hidden_ids; loss().
 
     @property
     def dtype(self) -> torch.dtype:
@@ -312,11 +313,10 @@ class Eagle3(_Eagle):
         h = self.midlayer(x, cos, sin, ctx, emb)
         return self.lm_head(self.norm(h)), h
 
-    def full_logprobs(self, logits: Tensor) -> Tensor:
-        """Draft-vocabulary logits [.., N] -> log-probs over the target vocabulary [.., V] (-inf outside)."""
-        out = logits.new_full((*logits.shape[:-1], self.t2d.numel()), float("-inf"), dtype=torch.float32)
-        out[..., self.draft_ids] = torch.log_softmax(logits, dim=-1, dtype=torch.float32)
-        return out
+    def step_vocab(self) -> Tensor | None:
+        """Target id of each logit column [N] for decode.tree.grow; None when the draft vocabulary is the
+        target's whole vocabulary (the columns are the ids)."""
+        return None if self.d2t.numel() == self.t2d.numel() else self.draft_ids
 
     def to_target(self, draft: Tensor) -> Tensor:
         return draft + self.d2t[draft]
@@ -374,8 +374,8 @@ class Eagle1(_Eagle):
         head = self.target.lm_head
         return head(f_hat.to(head.weight.dtype)), f_hat
 
-    def full_logprobs(self, logits: Tensor) -> Tensor:
-        return torch.log_softmax(logits, dim=-1, dtype=torch.float32)
+    def step_vocab(self) -> None:
+        return None  # logits over the target's whole vocabulary
 
     def to_target(self, ids: Tensor) -> Tensor:
         return ids

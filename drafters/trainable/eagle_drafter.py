@@ -34,6 +34,8 @@ class EagleDrafter:
         self.cached = 0  # rows in the cache (= positions 0..cached-1)
         self.rows_x: list[Tensor] = []  # pending rows' features [n, H], not yet cached
         self.rows_tok: list[Tensor] = []  # and their tokens [n]
+        self.vocab = module.step_vocab()  # target id of each logit column [N] (None: the whole vocabulary)
+        self.vocab_size = module.target.vocab_size
 
     def begin(self, prompt_ids: Tensor, step: TargetStep) -> None:
         self.cache, self.cached = KVCache(1), 0
@@ -47,11 +49,12 @@ class EagleDrafter:
         self.rows_tok.append(step.tokens.to(self.m.target.device))
 
     def _run(self, x: Tensor, tokens: Tensor, positions: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
-        """Rows x [n, H] + tokens [n] at positions [n] -> log-probs over the target vocab [n, V], states [n, H]."""
+        """Rows x [n, H] + tokens [n] at positions [n] -> log-probs over the logit columns [n, N] (the draft
+        vocabulary: decode.tree.grow maps columns to target ids through self.vocab), states [n, H]."""
         emb = self.m.embed(tokens.view(1, -1))
         logits, out = self.m.step(x.unsqueeze(0), emb, positions.view(1, -1), CacheContext(self.cache, mask))
         self.forward_passes += 1
-        return self.m.full_logprobs(logits[0]), out[0]
+        return torch.log_softmax(logits[0], dim=-1, dtype=torch.float32), out[0]
 
     @torch.no_grad()
     def propose(self, budget: Budget) -> DraftTree:
@@ -75,7 +78,7 @@ class EagleDrafter:
             states.update(zip(ids, out))
             return logp
 
-        tree = grow(step, int(tok[-1]), budget.shape, sampler(budget))
+        tree = grow(step, int(tok[-1]), budget.shape, sampler(budget, self.vocab, self.vocab_size), self.vocab)
         if -1 in states:  # the pending rows are cached now (a zero-length draft runs nothing)
             self.cached += n
             self.rows_x, self.rows_tok = [], []
