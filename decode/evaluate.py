@@ -158,33 +158,46 @@ def prepare(target: Target, specs: list[str], cfg: EvalConfig) -> list[tuple[str
     return [(spec, make_run(spec, target, cfg)) for spec in ordered]
 
 
+def decode_conversation(target: Target, runners: list[tuple[str, Runner]], conv: Conversation, cfg: EvalConfig,
+                        c: int, first: int) -> dict[str, list[TurnResult]]:
+    """Conversation number c (its first turn is turn `first` overall: the seeds) decoded by every runner back
+    to back, the order rotated by c so no runner always runs first or last."""
+    k = c % len(runners)
+    return {spec: run_spec(r, target, [conv], cfg, spec, False, first).turns for spec, r in runners[k:] + runners[:k]}
+
+
 def interleaved(target: Target, runners: list[tuple[str, Runner]], convs: list[Conversation], cfg: EvalConfig,
-                progress: bool = True) -> tuple[list[SpecRun], dict[str, list[float]]]:
+                progress: bool = True, workers: int = 1) -> tuple[list[SpecRun], dict[str, list[float]]]:
     """Every runner on every conversation, conversation by conversation (rotated order); runners[0] is AR.
 
     1. one untimed warm-up per runner (`warm_up`) unless cfg.warmup is off;
     2. conversation by conversation, every runner decodes that conversation (all its turns) back to
-       back, the order rotated by one per conversation so no runner always runs first or last;
+       back (`decode_conversation`);
     3. per conversation, each runner's tokens/s is divided by AR's on that same conversation.
+    workers > 1: the conversations are dealt to that many processes of one torch thread each
+    (decode.workers), the same rows, order and seeds in each; the turns come back in conversation order.
     Returns the runs (turns in conversation order, as `build_report` expects) and those ratios.
     """
-    if cfg.warmup and convs:
-        warm_up([r for _, r in runners], target, convs[0], cfg)
-    cold = replace(cfg, warmup=False)
+    firsts = [sum(len(c.turns) for c in convs[:i]) for i in range(len(convs))]  # global turn index: the seeds
+    if workers > 1:
+        from decode.workers import decode_in_workers
+
+        done_all = decode_in_workers(target, runners, convs, firsts, cfg, workers, progress)
+    else:
+        if cfg.warmup and convs:
+            warm_up([r for _, r in runners], target, convs[0], cfg)
+        cold = replace(cfg, warmup=False)
+        done_all = [decode_conversation(target, runners, conv, cold, c, firsts[c])
+                    for c, conv in enumerate(tqdm(convs, desc="conversations", unit="conv", disable=not progress,
+                                                  file=sys.stderr, dynamic_ncols=True))]
     turns: dict[str, list[TurnResult]] = {spec: [] for spec, _ in runners}
     ratios: dict[str, list[float]] = {spec: [] for spec, _ in runners}
     ar_spec = runners[0][0]
-    first = 0  # global turn index: the seeds match a sequential run's
-    for c, conv in enumerate(tqdm(convs, desc="conversations", unit="conv", disable=not progress,
-                                  file=sys.stderr, dynamic_ncols=True)):
-        k = c % len(runners)
-        done = {spec: run_spec(r, target, [conv], cold, spec, False, first).turns
-                for spec, r in runners[k:] + runners[:k]}
+    for done in done_all:
         ar_rate = total_stats(done[ar_spec]).tokens_per_s
         for spec, _ in runners:
             turns[spec] += done[spec]
             ratios[spec].append(total_stats(done[spec]).tokens_per_s / ar_rate if ar_rate else 0.0)
-        first += len(conv.turns)
     runs = [SpecRun(r.name, spec, r.kind, turns[spec]) for spec, r in runners]
     return runs, ratios
 
@@ -261,20 +274,20 @@ def shape_text(runner: Runner) -> str | None:
 
 def evaluate(target: Target, runners: list[tuple[str, Runner]], convs: list[Conversation], cfg: EvalConfig,
              pass_costs: list[float] = DEFAULT_PASS_COSTS, meta: dict | None = None, progress: bool = True,
-             run_dir: str | None = None) -> dict:
+             run_dir: str | None = None, workers: int = 1) -> dict:
     """Run every (spec, runner) from `prepare` on the same prompts, interleaved -> the report.json dict.
 
     runners[0] is AR. Each drafter entry gets `speedup_vs_ar_per_conversation` (the spread), its `shape`,
     `auto` (the --tree auto choice, predicted vs measured) for auto rows, and, greedy, `divergences`
     (where it left AR's tokens and AR's top-2 logit margin there). run_dir: where calibrations of SPEC
-    drafters without a directory are cached.
+    drafters without a directory are cached. workers: processes the conversations are dealt to (`interleaved`).
     """
     choose_auto_shapes(target, runners, convs, run_dir)
-    runs, ratios = interleaved(target, runners, convs, cfg, progress)
-    settings = {**(meta or {}), "turns": sum(len(c.turns) for c in convs), "conversations": len(convs),
+    runs, ratios = interleaved(target, runners, convs, cfg, progress, workers)
+    settings = {**(meta or {}), "workers": workers, "turns": sum(len(c.turns) for c in convs), "conversations": len(convs),
                 "max_new_tokens": cfg.max_new_tokens, **asdict(cfg.sampling), "tree": cfg.tree,
                 "draft_len": cfg.draft_len, "policy": cfg.policy, "seed": cfg.seed,
-                "torch_threads": torch.get_num_threads(), "timing": "interleaved by conversation"}
+                "torch_threads": 1 if workers > 1 else torch.get_num_threads(), "timing": "interleaved by conversation"}
     report = build_report(runs, settings, list(pass_costs))
     div = divergences(target, runs, convs) if cfg.sampling.greedy else {}
     by_spec = dict(runners)
@@ -328,10 +341,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up generation per drafter")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch CPU threads (default: torch's choice; 1 is fastest for tiny targets on a busy machine)")
+    ap.add_argument("--workers", type=int, default=1,
+                    help="deal the prompts to N processes of 1 torch thread each (decode.workers; N <= cores)")
     ap.add_argument("--out", required=True, help="directory for report.json, report.md and plots")
     args = ap.parse_args(argv)
     if args.limit is not None and args.limit < 1:
         ap.error("--limit must be >= 1")
+    if args.workers < 1:
+        ap.error("--workers must be >= 1")
 
     from transformers.utils import logging as hf_logging
 
@@ -361,7 +378,8 @@ def main(argv: list[str] | None = None) -> int:
         runners = prepare(target, args.drafter, cfg)
         meta = {"target": args.target, "prompts": args.prompts, "dtype": str(target.dtype).removeprefix("torch."),
                 "attn": args.attn}
-        report = evaluate(target, runners, convs, cfg, args.target_pass_s, meta, run_dir=args.out)
+        report = evaluate(target, runners, convs, cfg, args.target_pass_s, meta, run_dir=args.out,
+                          workers=args.workers)
         with writing(args.out):
             paths = write_report(report, args.out)
     except USER_ERRORS as e:  # bad input: say what to fix, no traceback

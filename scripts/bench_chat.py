@@ -12,7 +12,10 @@ median [min, max] of the per-conversation ratios (the spread).
 
     python scripts/bench_chat.py [--target DIR] [--suite mt-bench|spec-bench|both] [--limit N]
         [--per-category N] [--first-turn-only] [--max-new-tokens N] [--dtype auto|float32|bfloat16] [--threads 1]
-        [--tree dynamic:topk=8,depth=6,nodes=24] [--out DIR] [TRAINED_DRAFTER_DIR ...]
+        [--tree dynamic:topk=8,depth=6,nodes=24] [--workers N] [--out DIR] [TRAINED_DRAFTER_DIR ...]
+
+--workers N deals the conversations to N processes of one thread each (decode.workers), each interleaving
+as above: the whole machine, every row under the same load.
 """
 
 from __future__ import annotations
@@ -101,10 +104,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="auto: bfloat16 where the hardware has it (greedy rows may then leave AR's at near-ties: "
                          "reported with AR's top-2 margin); float32 for token-identical rows")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--workers", type=int, default=1,
+                    help="deal the conversations to N processes of 1 thread each (decode.workers; N <= cores)")
     ap.add_argument("--out", default=None, help="write report.json/report.md/plots per suite under this directory")
     args = ap.parse_args(argv)
     if args.limit is not None and args.limit < 1:
         ap.error("--limit must be >= 1")
+    if args.workers < 1 or (args.workers > 1 and args.threads != 1):
+        ap.error("--workers must be >= 1, and workers run 1 thread each (leave --threads at 1)")
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()  # HF assisted generation warns on every drafting call
@@ -130,12 +137,13 @@ def main(argv: list[str] | None = None) -> int:
             convs = [Conversation(c.id, c.category, c.turns[:1]) for c in convs]
         meta = {"target": args.target, "prompts": str(SUITES[suite]), "dtype": dtype}
         report = evaluate(target, runners, convs, cfg, [20.0], meta, run_dir=str(Path(args.out) / suite) if args.out
-                          else None)
+                          else None, workers=args.workers)
         if args.out:
             write_report(report, Path(args.out) / suite)
         turns = "first turns" if args.first_turn_only else "all turns"
         print_table(report, f"\n{suite}: {len(convs)} conversations ({report['settings']['turns']} turns, "
-                    f"{turns}), {args.max_new_tokens} new tokens, greedy, {dtype}, {args.threads} thread(s); "
+                    f"{turns}), {args.max_new_tokens} new tokens, greedy, {dtype}, {args.threads} thread(s)"
+                    f"{f' x {args.workers} workers' if args.workers > 1 else ''}; "
                     f"chain k={args.draft_len} unless @tree; interleaved timing")
         print_categories(report)
         print_auto(report)

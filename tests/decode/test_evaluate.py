@@ -14,6 +14,7 @@ from decode.metrics import GenStats
 from decode.prompts import load_prompts
 from decode.report import PLOTS, cost_model, label_of
 from decode.sampling import SamplingConfig
+from decode.tree import parse_shape
 from tests.conftest import STORIES
 
 DESIGN_KEYS = {"name", "mean_accepted_tokens", "acceptance_by_depth", "target_forward_passes", "new_tokens",
@@ -305,3 +306,39 @@ def test_divergence_reports_position_and_ar_top2_margin(stories, tmp_path):
     assert div[0]["ar_token"] == ar_tokens[4]
     assert div[0]["ar_top2_margin"] == pytest.approx(float(top[0] - top[1]))
     assert all(v["ar_top2_margin"] > 0 and v["got_token"] == (v["ar_token"] + 1) % 512 for v in div)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
+def test_workers_decode_every_turn_as_one_process_does(stories, tmp_path, temperature):
+    """--workers 2 (decode.workers): the same rows, turns in conversation order, the same tokens turn by turn
+    (greedy and sampled: each turn keeps its global seed), an auto row drafting with the parent's shape."""
+    convs = load_prompts(prompt_file(tmp_path))  # 3 conversations, 4 turns
+    cfg = EvalConfig(max_new_tokens=10, sampling=SamplingConfig(temperature), draft_len=3, seed=5)
+    specs = ["early-exit:2", "prompt-lookup", "early-exit:2@auto"]
+    one = evaluate(stories, prepare(stories, specs, cfg), convs, cfg, progress=False)
+    two = evaluate(stories, prepare(stories, specs, cfg), convs, cfg, progress=False, workers=2)
+    assert two["settings"]["workers"] == 2 and two["settings"]["torch_threads"] == 1
+    assert [d["spec"] for d in two["drafters"]] == [d["spec"] for d in one["drafters"]]
+    for a, b in zip(one["drafters"], two["drafters"]):
+        assert [(p["id"], p["turn"]) for p in a["prompts"]] == [(p["id"], p["turn"]) for p in b["prompts"]]
+        assert len(b["speedup_vs_ar_per_conversation"]) == 3
+        if temperature == 0.0:
+            assert b["matches_ar"] is True
+        if not a["spec"].endswith("@auto"):  # auto may pick another shape from a noisy cost curve
+            assert (a["new_tokens"], a["target_forward_passes"]) == (b["new_tokens"], b["target_forward_passes"])
+    assert by_name(two)["early-exit:2@auto"]["auto"]["shape"] == by_name(two)["early-exit:2@auto"]["shape"]
+    # the exact tokens, turn by turn (the report keeps counts only)
+    from dataclasses import replace
+
+    from decode.evaluate import interleaved
+
+    cold = replace(cfg, warmup=False)
+    rows = ["early-exit:2", "prompt-lookup", "early-exit:2@auto"]
+    runs = []
+    for workers in (1, 2):
+        runners = prepare(stories, rows, cold)
+        runners[-1][1].shape = parse_shape("dynamic:topk=2,depth=3,nodes=5", 3)  # as choose_shape would fix it
+        runs.append(interleaved(stories, runners, convs, cold, False, workers=workers)[0])
+    r1, r2 = runs
+    assert [[(t.id, t.turn, t.tokens) for t in run.turns] for run in r1] == \
+        [[(t.id, t.turn, t.tokens) for t in run.turns] for run in r2]
