@@ -237,14 +237,17 @@ def divergences(target: Target, runs: list[SpecRun], convs: list[Conversation]) 
 
 
 def choose_auto_shapes(target: Target, runners: list[tuple[str, Runner]], convs: list[Conversation],
-                       run_dir: str | None, calibration_prompts: int = 4, file=sys.stderr) -> None:
-    """--tree auto rows: calibrate on the first turns of the first few conversations, measure the pass-cost
-    curve once, fix each row's shape, and print the choice with its predicted speedup."""
+                       run_dir: str | None, calibration_prompts: int = 8, file=sys.stderr) -> None:
+    """--tree auto rows: calibrate on the first turns of a few conversations spread evenly over the list (one
+    per category where the list runs category by category, as MT-bench and Spec-Bench do: the first few alone
+    would all be writing prompts), measure the pass-cost curve once, fix each row's shape, and print the
+    choice with its predicted speedup."""
     pending = [r for _, r in runners if isinstance(r, DecoderRun) and r.shape is None]
     if not pending:
         return
-    prompts = [encode_prompt(target, *render_turn(target.tokenizer, c.turns[:1], [])) for c in
-               convs[:calibration_prompts]]
+    n = min(calibration_prompts, len(convs))
+    spread = [convs[i * len(convs) // n] for i in range(n)]
+    prompts = [encode_prompt(target, *render_turn(target.tokenizer, c.turns[:1], [])) for c in spread]
     curve = pass_cost_curve(target)
     for r in pending:
         print(f"auto: {r.name} -> {r.choose_shape(prompts, curve, run_dir).describe()}", file=file)
