@@ -342,3 +342,23 @@ def test_workers_decode_every_turn_as_one_process_does(stories, tmp_path, temper
     r1, r2 = runs
     assert [[(t.id, t.turn, t.tokens) for t in run.turns] for run in r1] == \
         [[(t.id, t.turn, t.tokens) for t in run.turns] for run in r2]
+
+
+def test_auto_calibrates_on_prompts_spread_over_the_list(stories):
+    """choose_auto_shapes: 8 first turns evenly spaced over the conversations (one per category of a list that
+    runs category by category), not the first few (under --per-category those are all one category)."""
+    from decode.evaluate import choose_auto_shapes, encode_prompt, render_turn
+    from decode.prompts import Conversation
+
+    convs = [Conversation(str(i), f"cat{i // 3}", [f"Story number {i} begins."]) for i in range(24)]  # 8 x 3
+    seen = []
+    runner = make_run("early-exit:2@auto", stories, EvalConfig(max_new_tokens=8))
+    runner.choose_shape = lambda prompts, curve, run_dir: seen.extend(prompts) or _Described()
+    choose_auto_shapes(stories, [("early-exit:2@auto", runner)], convs, None)
+    want = [encode_prompt(stories, *render_turn(stories.tokenizer, convs[i].turns, [])) for i in range(0, 24, 3)]
+    assert len(seen) == 8 and all(torch.equal(a, b) for a, b in zip(seen, want))
+
+
+class _Described:
+    def describe(self) -> str:
+        return "chain k=1"
