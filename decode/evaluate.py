@@ -38,6 +38,7 @@ from decode.report import SpecRun, TurnResult, build_report, total_stats, write_
 from decode.sampling import SamplingConfig
 from decode.target import Target
 from decode.tree import Shape, parse_shape
+from decode.workers import decode_in_workers
 
 DEFAULT_PASS_COSTS = [20.0, 0.025]  # a 14B target streamed from disk; the same on a GPU
 
@@ -180,9 +181,8 @@ def interleaved(target: Target, runners: list[tuple[str, Runner]], convs: list[C
     """
     firsts = [sum(len(c.turns) for c in convs[:i]) for i in range(len(convs))]  # global turn index: the seeds
     if workers > 1:
-        from decode.workers import decode_in_workers
-
-        done_all = decode_in_workers(target, runners, convs, firsts, cfg, workers, progress)
+        done_all = decode_in_workers(target, runners, convs, firsts, cfg, workers, progress,
+                                     (make_run, warm_up, decode_conversation))
     else:
         if cfg.warmup and convs:
             warm_up([r for _, r in runners], target, convs[0], cfg)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import sys
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -44,33 +45,38 @@ class Shard:
     convs: tuple[tuple[int, int, Conversation], ...]  # (c, first global turn index, conversation)
     cfg: object  # decode.evaluate.EvalConfig
     position: int  # its progress bar's line
-    progress: bool = True  # show it
+    progress: bool  # show it
+    # decode.evaluate's make_run, warm_up and decode_conversation (passed in, pickled by name: decode.evaluate
+    # imports this module, so this module does not import it back)
+    make_run: Callable
+    warm_up: Callable
+    decode_conversation: Callable
 
 
 def run_shard(shard: Shard) -> list[tuple[int, dict[str, list[TurnResult]]]]:
     """In a worker: load the target and the rows, warm up, decode the shard's conversations interleaved."""
-    from decode.evaluate import decode_conversation, make_run, warm_up
-
     torch.set_num_threads(1)
     target = Target.load(shard.target, dtype=shard.dtype)
-    runners = [(s, make_run(s, target, shard.cfg)) for s in shard.specs]
+    runners = [(s, shard.make_run(s, target, shard.cfg)) for s in shard.specs]
     shapes = dict(shard.shapes)
     for spec, r in runners:
         if spec in shapes:
             r.shape = shapes[spec]
     if shard.cfg.warmup and shard.convs:
-        warm_up([r for _, r in runners], target, shard.convs[0][2], shard.cfg)
+        shard.warm_up([r for _, r in runners], target, shard.convs[0][2], shard.cfg)
     cold = replace(shard.cfg, warmup=False)
     out = []
     for c, first, conv in tqdm(shard.convs, desc=f"worker {shard.position}", unit="conv", position=shard.position,
                                file=sys.stderr, dynamic_ncols=True, leave=False, disable=not shard.progress):
-        out.append((c, decode_conversation(target, runners, conv, cold, c, first)))
+        out.append((c, shard.decode_conversation(target, runners, conv, cold, c, first)))
     return out
 
 
 def decode_in_workers(target: Target, runners: list, convs: list[Conversation], firsts: list[int], cfg,
-                      workers: int, progress: bool = True) -> list[dict[str, list[TurnResult]]]:
-    """Per conversation (in order), every row's turns, decoded by `workers` 1-thread processes."""
+                      workers: int, progress: bool, fns: tuple[Callable, Callable, Callable]
+                      ) -> list[dict[str, list[TurnResult]]]:
+    """Per conversation (in order), every row's turns, decoded by `workers` 1-thread processes.
+    fns: (make_run, warm_up, decode_conversation) of decode.evaluate."""
     name = getattr(target, "name_or_path", None)
     if not name:
         raise ValueError("workers > 1 needs a target loaded from a path (Target.load), to load it again in each worker")
@@ -82,7 +88,7 @@ def decode_in_workers(target: Target, runners: list, convs: list[Conversation], 
         raise RuntimeError(f"auto rows {missing} have no shape yet: choose_auto_shapes runs before the workers")
     dtype = str(target.dtype).removeprefix("torch.")
     shards = [Shard(name, dtype, tuple(s for s, _ in runners), shapes,
-                    tuple((c, firsts[c], convs[c]) for c in range(w, len(convs), workers)), cfg, w, progress)
+                    tuple((c, firsts[c], convs[c]) for c in range(w, len(convs), workers)), cfg, w, progress, *fns)
               for w in range(min(workers, len(convs)))]
     with ProcessPoolExecutor(len(shards), mp_context=mp.get_context("spawn")) as pool:
         results = list(pool.map(run_shard, shards))
