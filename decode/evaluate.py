@@ -20,6 +20,7 @@ import json
 import statistics
 import sys
 from dataclasses import asdict, dataclass, field, replace
+from itertools import accumulate
 from pathlib import Path
 from typing import Protocol
 
@@ -179,7 +180,7 @@ def interleaved(target: Target, runners: list[tuple[str, Runner]], convs: list[C
     (decode.workers), the same rows, order and seeds in each; the turns come back in conversation order.
     Returns the runs (turns in conversation order, as `build_report` expects) and those ratios.
     """
-    firsts = [sum(len(c.turns) for c in convs[:i]) for i in range(len(convs))]  # global turn index: the seeds
+    firsts = list(accumulate((len(c.turns) for c in convs), initial=0))  # global turn index of each first turn: the seeds
     if workers > 1:
         done_all = decode_in_workers(target, runners, convs, firsts, cfg, workers, progress,
                                      (make_run, warm_up, decode_conversation))
