@@ -35,6 +35,10 @@ def collate(items: list[dict[str, Any]], pad_id: int = 0) -> dict[str, Any]:
             for r, it in enumerate(items):
                 buf[r, : it["input_ids"].numel()] = it["hidden"][h]
             batch["hidden"][h] = buf
+    if "argmax" in items[0]:
+        batch["argmax"] = torch.zeros(b, t, dtype=torch.long)
+        for r, it in enumerate(items):
+            batch["argmax"][r, : it["input_ids"].numel()] = it["argmax"]
     for key in ("topk_ids", "topk_probs"):
         if key in items[0]:
             k = items[0][key].shape[-1]

@@ -3,7 +3,8 @@
 Layout of `cache_dir`:
   shard_00000.safetensors   sequences [seq_start, seq_end), tokens concatenated (no padding):
       input_ids [N] int32, loss_mask [N] bool, offsets [n + 1] int64 (sequence j = rows offsets[j]:offsets[j+1]),
-      hidden.{id} [N, D] storage dtype, and with top-k: topk_ids [N, k] int32, topk_probs [N, k] storage dtype.
+      hidden.{id} [N, D] storage dtype, argmax [N] int32 (the target's next token; absent in caches built
+      before it), and with top-k: topk_ids [N, k] int32, topk_probs [N, k] storage dtype.
       The safetensors metadata holds one key, "draftsmith": JSON {fingerprint hash, shard, seq_start, seq_end,
       tokens} (one key, because safetensors writes several in random order and shards must be byte-stable).
   index.json                written last, by rank 0, from the shards' metadata: the full fingerprint,
@@ -43,7 +44,7 @@ def shard_name(s: int) -> str:
 def bytes_per_token(hidden_size: int, n_hidden: int, dtype: str, topk: int) -> int:
     """Storage per token of this layout (what the projection in scripts/bench_features.py uses)."""
     el = torch.finfo(STORAGE_DTYPES[dtype]).bits // 8
-    return 4 + 1 + n_hidden * hidden_size * el + topk * (4 + el)  # ids int32, mask bool, hidden, top-k ids + probs
+    return 4 + 1 + 4 + n_hidden * hidden_size * el + topk * (4 + el)  # ids, mask, argmax, hidden, top-k ids + probs
 
 
 def write_shard(path: Path, seqs: list[dict[str, Tensor]], meta: dict[str, Any], dtype: str) -> int:
@@ -56,7 +57,7 @@ def write_shard(path: Path, seqs: list[dict[str, Tensor]], meta: dict[str, Any],
     tensors = {"offsets": offsets}
     for key in seqs[0]:
         cat = torch.cat([s[key] for s in seqs])
-        if key == "input_ids" or key == "topk_ids":
+        if key in ("input_ids", "topk_ids", "argmax"):
             cat = cat.to(torch.int32)
         elif key == "loss_mask":
             cat = cat.to(torch.bool)
@@ -193,7 +194,8 @@ class FeatureCache:
         return out
 
     def sequence(self, i: int) -> dict[str, Any]:
-        """Sequence i: input_ids [T] long, loss_mask [T] bool, hidden {id: [T, D] float32}, topk_* [T, k]."""
+        """Sequence i: input_ids [T] long, loss_mask [T] bool, hidden {id: [T, D] float32}, argmax [T] long
+        (when the cache has it), topk_* [T, k]."""
         if not 0 <= i < len(self):
             raise IndexError(f"sequence {i} out of range 0..{len(self) - 1}")
         s = bisect.bisect_right(self._starts, i) - 1
@@ -203,6 +205,8 @@ class FeatureCache:
         out: dict[str, Any] = {"input_ids": f.get_slice("input_ids")[a:b].long(),
                                "loss_mask": f.get_slice("loss_mask")[a:b].bool(),
                                "hidden": {h: f.get_slice(f"hidden.{h}")[a:b].float() for h in self.index["hidden_ids"]}}
+        if "argmax" in f.keys():
+            out["argmax"] = f.get_slice("argmax")[a:b].long()
         if self.index["topk"]:
             out["topk_ids"] = f.get_slice("topk_ids")[a:b].long()
             out["topk_probs"] = f.get_slice("topk_probs")[a:b].float()

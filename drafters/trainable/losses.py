@@ -111,22 +111,57 @@ def teacher_probs(batch: dict, lm_head: torch.nn.Linear, num_layers: int, start:
         h = batch["hidden"][num_layers][:, start:end]
         w, bias = rows or head_rows(lm_head, vocab_ids)  # softmax over V' rows = renormalised over V'
         with torch.no_grad():
-            probs = torch.softmax(F.linear(h.to(w.dtype), w, bias).float(), dim=-1)
+            probs = torch.softmax(flat_linear(h.to(w.dtype), w, bias).float(), dim=-1)
     if end < stop:  # past the end: no next token, no distribution
         probs = torch.cat([probs, probs.new_zeros(probs.shape[0], stop - max(end, start), probs.shape[-1])], 1)
     return probs
 
 
+def flat_linear(x: Tensor, w: Tensor, bias: Tensor | None = None) -> Tensor:
+    """F.linear on [B, T, H] as one [B*T, H] matmul. [B, T, H] -> [B, T, V]
+
+    A row slice x[:, a:b] of a batch is not contiguous, and torch.matmul runs it as a bmm against the
+    weight broadcast B times: 2-3x slower than one mm over the same rows (measured on this CPU, fp32).
+    """
+    b, t, h = x.shape
+    return F.linear(x.reshape(b * t, h), w, bias).view(b, t, -1)
+
+
+ARGMAX_ROWS = 4096  # rows scored at once by teacher_argmax (their states stay in cache while the head streams)
+
+
 @torch.no_grad()
-def teacher_argmax(batch: dict, lm_head: torch.nn.Linear, num_layers: int, chunk: int | None = None) -> Tensor:
-    """The target's most likely next token at every row, over the full vocabulary. -> [B, T] long"""
+def teacher_argmax(batch: dict, lm_head: torch.nn.Linear, num_layers: int, budget: int = CHUNK_ELEMENTS) -> Tensor:
+    """The target's most likely next token at every row, over the full vocabulary. -> [B, T] long
+
+    Scored a block of the vocabulary at a time over up to ARGMAX_ROWS rows at once, keeping a running
+    maximum (the earlier block wins a tie, as argmax's first index): the head's weight is read once per
+    4,096 rows, where chunks of a few rows re-read all of it (V x H) per chunk. A batch that carries the
+    target's own `argmax` (feature caches store it) costs nothing.
+    """
+    if "argmax" in batch:
+        return batch["argmax"].long()
     if "topk_ids" in batch:
         ids, p = batch["topk_ids"].long(), batch["topk_probs"]
         return ids.gather(-1, p.argmax(-1, keepdim=True)).squeeze(-1)
     h = batch["hidden"][num_layers]
-    b, T = h.shape[:2]
-    chunk = chunk or chunk_rows(b, lm_head.weight.shape[0])
-    return torch.cat([lm_head(h[:, a: a + chunk].to(lm_head.weight.dtype)).argmax(-1) for a in range(0, T, chunk)], 1)
+    b, T, H = h.shape
+    w, bias = lm_head.weight, lm_head.bias
+    x = h.reshape(b * T, H).to(w.dtype)
+    out = torch.empty(b * T, dtype=torch.long, device=h.device)
+    for r in range(0, b * T, ARGMAX_ROWS):
+        rows = x[r: r + ARGMAX_ROWS]
+        block = max(1, budget // rows.shape[0])
+        best = torch.full((rows.shape[0],), -math.inf, device=h.device)
+        idx = torch.zeros(rows.shape[0], dtype=torch.long, device=h.device)
+        for a in range(0, w.shape[0], block):
+            logits = F.linear(rows, w[a: a + block], None if bias is None else bias[a: a + block]).float()
+            i = logits.argmax(-1)
+            m = logits.gather(-1, i[:, None]).squeeze(-1)
+            better = m > best
+            best, idx = torch.where(better, m, best), torch.where(better, i + a, idx)
+        out[r: r + ARGMAX_ROWS] = idx
+    return out.view(b, T)
 
 
 class _DistillRows(torch.autograd.Function):

@@ -187,6 +187,11 @@ def smoke_args(name: str, tmp: Path, chat: Path, build: bool = True) -> tuple[li
             ["--target", str(chat), "--source", str(chats), "--n", "10", "--sizes", "32", "64"],
             "held-out coverage",
         ),
+        "bench_train_step.py": (
+            ["--target", str(chat), "--recipes", str(REPO / "recipes/stories260K"), "--seqs", "2", "--seq-len", "12",
+             "--steps", "1"],
+            "cached",
+        ),
         "estimate.py": (
             ["--config", str(REPO / "tests/data/smollm2-135m-config.json"), "--seq", "64"],
             "eagle3",

@@ -65,6 +65,8 @@ def test_stored_features_equal_output_hidden_states(built, stories):
         top = torch.softmax(out.logits[0], -1).topk(4)
         torch.testing.assert_close(seq["topk_probs"], top.values, atol=1e-5, rtol=1e-5)
         assert (seq["topk_ids"] == top.indices).float().mean() > 0.99  # ties aside
+        assert seq["argmax"].dtype == torch.long
+        assert (seq["argmax"] == out.logits[0].argmax(-1)).float().mean() > 0.99  # the target's own next token
     want = bytes_per_token(64, 3, "fp32", 4)
     assert want <= cache.index["bytes_per_token"] < want * 1.2  # + offsets and headers
 
@@ -81,7 +83,7 @@ def test_offline_batches_equal_online_batches(built, stories):
         for a, b in zip(make_loader(off_ds, 3, seed=7), make_loader(on_ds, 3, seed=7)):
             a, b = off_fn(a), on_fn(b)
             assert sorted(a) == sorted(b)
-            for k in ("input_ids", "attention_mask", "position_ids", "loss_mask", "topk_ids"):
+            for k in ("input_ids", "attention_mask", "position_ids", "loss_mask", "topk_ids", "argmax"):
                 assert torch.equal(a[k], b[k]), k
             torch.testing.assert_close(a["topk_probs"], b["topk_probs"], atol=1e-5, rtol=1e-5)
             for h in (0, 2, 5):

@@ -124,6 +124,35 @@ def test_teacher_probs_from_hidden_and_from_topk():
     assert teacher_probs(topk, head, 2, 0, 3)[0, 0].tolist() == pytest.approx([0, 0.25, 0, 0, 0, 0.75])
 
 
+def test_blocked_teacher_argmax_equals_the_full_argmax_ties_included(monkeypatch):
+    """Scored a vocabulary block and a row chunk at a time (blocks of 7 words, chunks of 5 rows), the argmax is
+    the full one, and on exact ties (duplicated head rows, integer-valued so every sum is exact) the first
+    index wins as torch.argmax's does, also across blocks."""
+    import drafters.trainable.losses as losses
+
+    g = torch.Generator().manual_seed(0)
+    head = torch.nn.Linear(6, 40, bias=False)
+    with torch.no_grad():
+        head.weight.copy_(torch.randint(-3, 4, (40, 6), generator=g).float())
+        head.weight[25] = head.weight[3]  # a tie across blocks (3 in block 0, 25 in block 3)
+        head.weight[5] = head.weight[3]  # and within block 0
+    h = torch.randint(-2, 3, (3, 4, 6), generator=g).float()
+    h[0, 0] = torch.tensor([1.0, 0, 0, 0, 0, 0])
+    batch = {"hidden": {2: h}}
+    monkeypatch.setattr(losses, "ARGMAX_ROWS", 5)
+    want = head(h).argmax(-1)
+    assert teacher_argmax(batch, head, 2, budget=35).tolist() == want.tolist()
+    assert teacher_argmax(batch, head, 2).tolist() == want.tolist()
+    ties = (head(h) == head(h).max(-1, keepdim=True).values).sum(-1)
+    assert (ties > 1).any()  # the data really has ties
+
+
+def test_teacher_argmax_reads_the_batch_argmax_when_the_cache_stored_it():
+    head = torch.nn.Linear(4, 6, bias=False)
+    batch = {"hidden": {2: torch.randn(1, 3, 4)}, "argmax": torch.tensor([[5, 0, 2]])}
+    assert teacher_argmax(batch, head, 2).tolist() == [[5, 0, 2]]
+
+
 @pytest.mark.parametrize("kind", ["soft_ce", "kl"])
 @pytest.mark.parametrize("source", ["hidden", "topk"])
 def test_chunked_distillation_equals_the_full_teacher(kind, source):
