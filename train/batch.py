@@ -35,7 +35,7 @@ def collate(items: list[dict[str, Any]], pad_id: int = 0) -> dict[str, Any]:
             for r, it in enumerate(items):
                 buf[r, : it["input_ids"].numel()] = it["hidden"][h]
             batch["hidden"][h] = buf
-    if "argmax" in items[0]:
+    if all("argmax" in it for it in items):  # a cache extended by newer code may have it in some shards only
         batch["argmax"] = torch.zeros(b, t, dtype=torch.long)
         for r, it in enumerate(items):
             batch["argmax"][r, : it["input_ids"].numel()] = it["argmax"]

@@ -102,7 +102,8 @@ class Packed(Dataset):
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         items = [self.base[j] for j in self.groups[i]]
-        out: dict[str, Any] = {k: torch.cat([it[k] for it in items]) for k in items[0] if k != "hidden"}
+        keys = [k for k in items[0] if k != "hidden" and all(k in it for it in items)]  # argmax: not in older shards
+        out: dict[str, Any] = {k: torch.cat([it[k] for it in items]) for k in keys}
         if "hidden" in items[0]:
             out["hidden"] = {h: torch.cat([it["hidden"][h] for it in items]) for h in items[0]["hidden"]}
         out["segments"] = torch.cat([torch.full((it["input_ids"].numel(),), k + 1) for k, it in enumerate(items)])

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import datasets
 import pytest
+import torch
 
 from train.data import DataConfig, RecordError, load_records
 
@@ -77,3 +78,32 @@ def test_unusable_sources_fail_clearly(tmp_path):
         load_records(DataConfig(source=str(tmp_path / "empty.jsonl")))
     with pytest.raises(FileNotFoundError, match=r"cannot load hub dataset 'someone/chats'.*offline.*local file"):
         load_records(DataConfig(source="someone/chats"))
+
+
+def test_a_cache_with_the_argmax_in_some_shards_only_collates_and_packs_without_it():
+    """Shards extracted before the argmax was stored lack it: a batch or a packed row mixing both leaves it out
+    (the losses then score it from hidden[L]); a batch of items that all have it keeps it, padded with 0."""
+    from train.batch import collate
+    from train.dataset import Packed
+
+    def item(n: int, argmax: bool) -> dict:
+        it = {"input_ids": torch.arange(n), "loss_mask": torch.ones(n, dtype=torch.bool),
+              "hidden": {2: torch.randn(n, 4)}}
+        return {**it, "argmax": torch.arange(n) + 7} if argmax else it
+
+    assert "argmax" not in collate([item(3, True), item(2, False)])
+    both = collate([item(3, True), item(2, True)])
+    assert both["argmax"].tolist() == [[7, 8, 9], [7, 8, 0]]
+
+    class Base:
+        def __init__(self, items):
+            self.items = items
+
+        def __getitem__(self, i):
+            return self.items[i]
+
+        def lengths(self):
+            return [it["input_ids"].numel() for it in self.items]
+
+    row = Packed(Base([item(3, True), item(2, False)]), pack_length=8, seed=0)[0]
+    assert "argmax" not in row and row["input_ids"].numel() == 5
