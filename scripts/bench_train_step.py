@@ -10,6 +10,8 @@ alternated step by step (a shared machine's load hits them alike):
 2. `blocked`: drafters.trainable.losses today on a cache without a stored argmax — the argmax a vocabulary
    block at a time over all rows (the head read once), the teacher rows as one flat matmul;
 3. `cached`: a feature cache built today stores the target's argmax (train/features.py): nothing to score.
+Then the optimizer step of `train.optimizer=muon` over each drafter's matrices: torch.optim.Muon (Newton-Schulz
+in bf16, emulated on a CPU without bf16 arithmetic) vs train.optim.Muon with the iteration in fp32.
 
     python scripts/bench_train_step.py [--target DIR] [--kinds eagle3,medusa,layerskip] [--seqs 4] [--seq-len 300]
         [--steps 3] [--threads 1] [--dtype float32|bfloat16]
@@ -32,8 +34,9 @@ import torch.nn.functional as F
 import drafters.trainable.losses as losses
 from decode.target import Target
 from drafters.serving.checkpoint import drafter_kinds
-from train.config import load_recipe
+from train.config import TrainConfig, load_recipe
 from train.features import compute_features
+from train.optim import Muon, muon_split
 
 REPO = Path(__file__).resolve().parents[1]
 MODULES = {"eagle3": "drafters.trainable.eagle", "medusa": "drafters.trainable.medusa",
@@ -127,7 +130,32 @@ def main(argv: list[str] | None = None) -> int:
         for v, ts in times.items():
             ms = statistics.median(ts)
             print(f"{kind:<10} {v:<8} {1000 * ms:>9.0f} {base / ms:>8.2f}x {loss[v]:>12.5f}")
+        muon_rows(kind, drafter, args.steps)
     return 0
+
+
+def muon_rows(kind: str, drafter: torch.nn.Module, steps: int) -> None:
+    """ms per optimizer step of Muon over the drafter's matrices: torch's (bf16 iteration) vs ours in fp32."""
+    params, _ = muon_split(drafter.named_parameters())
+    if not params:
+        return
+    cfg = TrainConfig()
+    kw = dict(lr=cfg.lr, weight_decay=cfg.weight_decay, adjust_lr_fn="match_rms_adamw")
+    opts = {"torch Muon (bf16 Newton-Schulz)": torch.optim.Muon(params, **kw),
+            "fp32 Newton-Schulz (train.optim.Muon)": Muon(params, ns_dtype=torch.float32, **kw)}
+    for p in params:
+        p.grad = torch.randn_like(p) * 1e-3
+    times: dict[str, list[float]] = {k: [] for k in opts}
+    for r in range(steps + 1):
+        for name, opt in opts.items():
+            t0 = time.perf_counter()
+            opt.step()
+            if r:
+                times[name].append(time.perf_counter() - t0)
+    base = statistics.median(times["torch Muon (bf16 Newton-Schulz)"])
+    for name, ts in times.items():
+        ms = statistics.median(ts)
+        print(f"{kind:<10} optimizer step, {name}: {1000 * ms:.0f} ms ({base / ms:.2f}x)")
 
 
 if __name__ == "__main__":

@@ -168,6 +168,47 @@ def test_muon_takes_matrices_and_adamw_the_rest(tmp_path):
         make_optimizers(m, TrainConfig(optimizer="muon"), "DEEPSPEED")
 
 
+def test_our_muon_is_torchs_with_the_newton_schulz_dtype_chosen():
+    """With ns_dtype=bf16 our Muon's step is torch.optim.Muon's bit for bit (its loop, nesterov and lr adjustment
+    replicated); with fp32 (devices without bf16 arithmetic) the update differs only by bf16's rounding; tall
+    and wide matrices both; the state is torch's (momentum_buffer), so checkpoints carry over."""
+    from train.optim import Muon
+
+    g = torch.Generator().manual_seed(0)
+    shapes = [(6, 10), (12, 5)]
+    start = [torch.randn(s, generator=g) for s in shapes]
+    grads = [[torch.randn(s, generator=g) for s in shapes] for _ in range(3)]
+
+    def run(make) -> list[torch.Tensor]:
+        ps = [torch.nn.Parameter(x.clone()) for x in start]
+        opt = make(ps)
+        for gs in grads:
+            for p, gr in zip(ps, gs):
+                p.grad = gr.clone()
+            opt.step()
+        assert sorted(opt.state[ps[0]]) == ["momentum_buffer"]
+        return [p.detach() for p in ps]
+
+    kw = dict(lr=1e-2, weight_decay=0.1, adjust_lr_fn="match_rms_adamw")
+    ref = run(lambda ps: torch.optim.Muon(ps, **kw))
+    bf16 = run(lambda ps: Muon(ps, ns_dtype=torch.bfloat16, **kw))
+    fp32 = run(lambda ps: Muon(ps, ns_dtype=torch.float32, **kw))
+    for r, b, f, x in zip(ref, bf16, fp32, start):
+        assert torch.equal(r, b)
+        moved = (r - x).abs().max()
+        assert 0 < (f - r).abs().max() < 0.05 * moved  # the same update up to bf16 rounding in the iteration
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_muon_iterates_in_fp32_where_the_device_has_no_bf16(native, monkeypatch):
+    import train.optim
+
+    monkeypatch.setattr(train.optim, "has_bf16", lambda device: native)
+    t = tiny_target()
+    opts = make_optimizers(Eagle3(t, Eagle3Config(draft_vocab_size=64)), TrainConfig(optimizer="muon"))
+    assert opts[0].ns_dtype == (torch.bfloat16 if native else torch.float32)
+
+
 # --- 5. lr schedules -----------------------------------------------------------------------------------------
 
 
