@@ -11,7 +11,9 @@ The model, as pure functions:
   1 + nodes rows (the pass-cost curve decode.costmodel measures in this run) + the verify step's work
   beyond that bare pass (a line in the rows: AR's at one row, the calibration tree's at its rows) + the
   loop's overhead.
-- tokens/s = E[accepted + 1] / round cost; a small grid of chains and dynamic trees is searched.
+- tokens/s = E[accepted + 1] / round cost; a small grid of chains and dynamic trees is searched, and "no drafting"
+  (a chain of 0: plain decoding, speedup 1 by definition) competes with them — on a CPU without bf16 no shape of the
+  chat drafter pays (a verify pass grows steeply with its rows in fp32), and auto then decodes plainly.
 p and the costs come from decode.calibration (measured with the real decoder; p cached with the drafter).
 """
 
@@ -117,12 +119,15 @@ class Candidate:
 def shape_spec(shape: Shape) -> str:
     """A chain or dynamic shape as text: `chain k=K` (--tree chain --draft-len K) or its --tree spec."""
     if shape.kind == "chain":
-        return f"chain k={shape.k}"
+        return f"chain k={shape.k}" if shape.k else "no drafting (chain k=0)"
     return f"dynamic:topk={shape.topk},depth={shape.depth},nodes={shape.nodes}"
 
 
 def predict(p: Acceptance, shape: Shape, costs: Costs, verify_s: Callable[[float], float]) -> Candidate:
     """Expected tokens per round, its seconds and the speedup over AR for a chain or dynamic shape."""
+    ar_s = verify_s(1) + costs.verify_extra(1) + costs.round_ar_s
+    if shape.kind == "chain" and shape.k == 0:  # no drafting: the drafter is never called, AR's round
+        return Candidate(shape, shape_spec(shape), 1.0, ar_s, 1.0)
     if shape.kind == "chain":
         paths, draft = chain_paths(shape.k), costs.round_draft_s + shape.k * costs.call(1)
     else:
@@ -131,13 +136,13 @@ def predict(p: Acceptance, shape: Shape, costs: Costs, verify_s: Callable[[float
     tau = 1.0 + expected_accepted(p, paths)
     rows = 1 + len(paths)
     round_s = draft + verify_s(rows) + costs.verify_extra(rows) + costs.round_s
-    ar_s = verify_s(1) + costs.verify_extra(1) + costs.round_ar_s
     return Candidate(shape, shape_spec(shape), tau, round_s, (tau / round_s) * ar_s)
 
 
 def grid(max_depth: int, width: int) -> list[Shape]:
-    """Chains of 1..max_depth and dynamic trees (top-k 2/4/8 up to the calibrated width, a few depths and sizes)."""
-    shapes = [Shape("chain", k=k) for k in range(1, max_depth + 1)]
+    """No drafting (chain 0), chains of 1..max_depth and dynamic trees (top-k 2/4/8 up to the calibrated width, a
+    few depths and sizes)."""
+    shapes = [Shape("chain", k=k) for k in range(0, max_depth + 1)]
     for topk in (t for t in (2, 4, 8) if t <= width):
         for depth in (d for d in (2, 3, 4, 6, 8) if d <= max_depth):
             for nodes in (n for n in (4, 8, 12, 16, 24, 32, 48, 64) if topk < n <= topk * depth):

@@ -158,6 +158,8 @@ def shape_label(shape: str | None) -> str:
     """`chain k=8` -> `chain 8`, `dynamic:topk=8,depth=6,nodes=24` -> `tree 24`, `static nodes=9` -> `static 9`."""
     if not shape:
         return ""
+    if shape.startswith("no drafting"):  # --tree auto predicted no shape faster than plain decoding
+        return "no draft"
     if shape.startswith("chain k="):
         return f"chain {shape.removeprefix('chain k=')}"
     if shape.startswith("dynamic:"):
