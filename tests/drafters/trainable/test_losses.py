@@ -149,7 +149,8 @@ def test_blocked_teacher_argmax_equals_the_full_argmax_ties_included(monkeypatch
 
 def test_teacher_argmax_reads_the_batch_argmax_when_the_cache_stored_it():
     head = torch.nn.Linear(4, 6, bias=False)
-    batch = {"hidden": {2: torch.randn(1, 3, 4)}, "argmax": torch.tensor([[5, 0, 2]])}
+    # zero states score argmax 0 at every row: only the batch's own argmax gives [5, 0, 2]
+    batch = {"hidden": {2: torch.zeros(1, 3, 4)}, "argmax": torch.tensor([[5, 0, 2]])}
     assert teacher_argmax(batch, head, 2).tolist() == [[5, 0, 2]]
 
 
