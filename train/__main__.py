@@ -51,6 +51,33 @@ def build_drafter(recipe, target, train_ds, rank: int = 0) -> torch.nn.Module:
     return cls(target, cfg)
 
 
+def warm_start(drafter: torch.nn.Module, path: str, target) -> None:
+    """Copy a trained drafter's weights into `drafter` (train.init_from): same kind, same keys and shapes,
+    same captured states; anything else is refused, naming it, because the weights would mean something else."""
+    from pathlib import Path
+
+    from drafters.serving.engine_dirs import load_module
+
+    if not Path(path).is_dir():
+        raise FileNotFoundError(f"train.init_from={path}: no such directory (give an export/ or a shipped drafter "
+                                "directory such as recipes/smollm2-135m/drafters/eagle3)")
+    source = load_module(Path(path), target)
+    if source.kind != drafter.kind:
+        raise ValueError(f"train.init_from={path} is a {source.kind} drafter; this recipe trains {drafter.kind}")
+    mine, theirs = drafter.config, source.config
+    if getattr(mine, "capture_ids", None) != getattr(theirs, "capture_ids", None):
+        raise ValueError(f"train.init_from={path} fuses hidden ids {theirs.capture_ids}, this recipe "
+                         f"{mine.capture_ids}: set drafter.{drafter.kind}.capture_ids to match")
+    want, have = drafter.state_dict(), source.state_dict()
+    bad = sorted(set(want) ^ set(have)) + [f"{k} {tuple(have[k].shape)} vs {tuple(v.shape)}" for k, v in want.items()
+                                           if k in have and have[k].shape != v.shape]
+    if bad:
+        raise ValueError(f"train.init_from={path}: its weights do not fit this recipe's {drafter.kind} drafter "
+                         f"({bad[:4]}); set the recipe's drafter section as the source was trained (its config.json)")
+    drafter.load_state_dict(have)  # the draft vocabulary (d2t/t2d) comes with the weights it indexes
+    print(f"[train] weights from {path}", flush=True)
+
+
 def run(recipe) -> int:
     from accelerate import PartialState
 
@@ -89,6 +116,8 @@ def run(recipe) -> int:
     eval_ds, _ = training_data(recipe, target, "eval", dist, recipe.train.pack_length, data, cache)
     # 3. the drafter, then 4. the loop.
     drafter = build_drafter(recipe, target, train_ds, state.process_index).to(state.device)
+    if recipe.train.init_from:
+        warm_start(drafter, recipe.train.init_from, target)
     recipe_dict = to_dict(recipe)
     train(recipe, drafter, target, train_ds, eval_ds, featurize,
           export_fn=lambda d, out, state: save_drafter(d, out, recipe=recipe_dict, target_id=recipe.target, state=state))

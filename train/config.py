@@ -106,9 +106,11 @@ class TrainConfig:
     log_every: int = 10  # metrics line every N steps
     report_to: Literal["wandb", "tensorboard", "none"] = "wandb"  # experiment tracker (wandb offline by default)
     resume: str = "auto"  # auto (newest checkpoint if any) | never | a checkpoint directory
+    init_from: str = ""  # warm start: a trained drafter directory (native or engine layout) of the same kind
+    # and shape whose weights the run starts from (its own checkpoints win on resume); "" = fresh weights
     num_workers: int = 0  # DataLoader workers
     threads: int = 0  # torch CPU threads per process (0 = torch's default; 1 is fastest for tiny models)
-    eval_only: bool = False  # only evaluate the newest checkpoint (or the untrained drafter): no training, no export
+    eval_only: bool = False  # only evaluate the newest checkpoint (else init_from's drafter, else the untrained one): no training, no export
 
 
 @dataclass

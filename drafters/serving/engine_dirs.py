@@ -20,7 +20,7 @@ from torch import Tensor
 
 from decode.errors import load_safetensors, read_json
 from decode.target import Target
-from drafters.serving.checkpoint import in_target_dtype
+from drafters.serving.checkpoint import in_target_dtype, load_drafter, read_meta
 from drafters.serving.layouts.formats import LAYER_PREFIX, detect_format, problems
 from drafters.serving.layouts.rules import SHARED_EMBEDDING, TargetFacts, capture_ids_hf
 
@@ -146,3 +146,17 @@ def load_as_drafter(target: Target, path: Path):
     if fmt == "medusa-vllm":
         return in_target_dtype(load_medusa(path, target), target).drafter(name=str(path))
     return None
+
+
+def load_module(path: Path, target: Target):
+    """The trainable module (float32) of a drafter directory: a native checkpoint, or an EAGLE-3 / Medusa
+    engine layout. Raises naming what the directory is not."""
+    if read_meta(path) is not None:
+        return load_drafter(path, target).float()
+    fmt = detect_format(read_config(path) or {})
+    if fmt in LAYER_PREFIX:
+        return load_eagle3(path, target).float()
+    if fmt == "medusa-vllm":
+        return load_medusa(path, target).float()
+    raise ValueError(f"{path} is not a drafter directory (no native config.json with 'draftsmith_drafter', "
+                     "nor an EAGLE-3 or Medusa engine layout)")

@@ -39,6 +39,7 @@ from drafters.trainable.losses import (
     ahead,
     conditional_accuracy,
     distill_rows,
+    gather_rows,
     loss_metrics,
     masked_mean,
     next_valid,
@@ -182,7 +183,8 @@ class _Eagle(nn.Module):
         self.noise_key = (seed, rank)  # training noise is drawn from (run seed, rank, step, call within step)
         self._noise_calls = (-1, 0)  # (step, training calls seen at that step): micro-batches of one step differ
 
-    # Subclasses define: project(hidden) -> x [.., H]; step(x, emb, positions, ctx) -> (logits, out);
+    # Subclasses define: project(hidden) -> x [.., H]; advance(x, emb, positions, ctx) -> out [.., H];
+    # head(out) -> logits [.., V'];
     # step_vocab() -> the target id of each logit column, or None; to_target(ids) -> target ids;
     # decode_hidden_ids; loss().
 
@@ -215,13 +217,13 @@ class _Eagle(nn.Module):
         g = torch.Generator(device=self.fc.weight.device)
         return g.manual_seed(noise_seed(*self.noise_key, step, self._noise_calls[1]))
 
-    def unroll(self, batch: dict, steps: int, noise: torch.Generator | None = None) -> list[tuple[Tensor, Tensor]]:
+    def unroll_states(self, batch: dict, steps: int, noise: torch.Generator | None = None) -> list[Tensor]:
         """Run `steps` draft steps over every row of a batch, each fed the previous step's own states.
 
         Step k at row t reads token x_{t+1+k} at position t+k and predicts x_{t+2+k}; it attends to
         step 0's rows <= t and its own rows of steps 1..k (what its draft chain would see when decoding).
         `noise`: a generator to perturb the target states the drafter reads (config.noise), training only;
-        the loss's targets stay clean. Returns [(logits [B, T, V'], state [B, T, H])] per step.
+        the loss's targets stay clean. Returns each step's output state [B, T, H] (its logits: `head`).
         """
         ids, am = batch["input_ids"], batch["attention_mask"]
         hidden = batch["hidden"]
@@ -235,9 +237,18 @@ class _Eagle(nn.Module):
         for k in range(steps):
             tok = torch.zeros_like(ids)
             tok[:, : max(0, ids.shape[1] - 1 - k)] = ids[:, 1 + k:]  # x_{t+1+k}, 0 past the end
-            logits, x = self.step(x, self.embed(tok), pos + k, ctx)
-            out.append((logits, x))
+            x = self.advance(x, self.embed(tok), pos + k, ctx)
+            out.append(x)
         return out
+
+    def unroll(self, batch: dict, steps: int, noise: torch.Generator | None = None) -> list[tuple[Tensor, Tensor]]:
+        """unroll_states with every row's logits: [(logits [B, T, V'], state [B, T, H])] per step."""
+        return [(self.head(x), x) for x in self.unroll_states(batch, steps, noise)]
+
+    def step(self, x: Tensor, emb: Tensor, positions: Tensor, ctx) -> tuple[Tensor, Tensor]:
+        """One draft step (decoding): x, emb [B, T, H] at positions [B, T] -> logits [B, T, V'], state [B, T, H]."""
+        out = self.advance(x, emb, positions, ctx)
+        return self.head(out), out
 
     @torch.no_grad()
     def position_accuracy(self, batch: dict, depth: int | None = None, topk: int = 1) -> list[float]:
@@ -307,11 +318,14 @@ class Eagle3(_Eagle):
         g = torch.cat([hidden[i].to(self.dtype) for i in self.config.capture_ids], dim=-1)
         return self.fc(g)
 
-    def step(self, x: Tensor, emb: Tensor, positions: Tensor, ctx) -> tuple[Tensor, Tensor]:
-        """One draft step: x, emb [B, T, H] at positions [B, T] -> logits [B, T, N], state [B, T, H]."""
+    def advance(self, x: Tensor, emb: Tensor, positions: Tensor, ctx) -> Tensor:
+        """The draft layer: x, emb [B, T, H] at positions [B, T] -> pre-norm state [B, T, H] (fed back)."""
         cos, sin = self.target.rotary_emb(x, positions)
-        h = self.midlayer(x, cos, sin, ctx, emb)
-        return self.lm_head(self.norm(h)), h
+        return self.midlayer(x, cos, sin, ctx, emb)
+
+    def head(self, h: Tensor) -> Tensor:
+        """Draft-vocabulary logits of states. [.., H] -> [.., N]"""
+        return self.lm_head(self.norm(h))
 
     def step_vocab(self) -> Tensor | None:
         """Target id of each logit column [N] for decode.tree.grow; None when the draft vocabulary is the
@@ -327,18 +341,28 @@ class Eagle3(_Eagle):
         Rows whose target argmax lies outside the draft vocabulary are skipped (SpecForge does the same):
         the drafter cannot propose that token, so the row only teaches it a distorted distribution.
         """
-        argmax = teacher_argmax(batch, self.target.lm_head, self.target.num_layers)
-        valid = next_valid(batch) & self.t2d[argmax]
-        steps = [logits for logits, _ in self.unroll(batch, self.config.ttt_steps, self.noise_generator(step))]
-        # step k against P_{t+k+1} restricted to the draft vocabulary (softmax over it = renormalised)
-        rows = distill_rows(steps, [k + 1 for k in range(len(steps))], batch, self.target.lm_head,
-                            self.target.num_layers, "soft_ce", self.draft_ids)
+        L = self.target.num_layers
+        argmax = teacher_argmax(batch, self.target.lm_head, L)
+        valid = next_valid(batch) & self.t2d[argmax]  # [B, T]: P_t is a target the draft vocabulary can reach
+        states = self.unroll_states(batch, self.config.ttt_steps, self.noise_generator(step))
+        # 1. Only rows with a loss go through the draft head (in chat data ~45% of a padded batch: prompt
+        #    and padding rows have none). The teacher rows t' (valid) are every step's targets; step k's
+        #    prediction of P_t' sits at row t' - k - 1 (k+1 tokens ahead), absent when that is < 0.
+        b, t = valid.nonzero(as_tuple=True)  # [M] each
+        logits, present = [], []
+        for k, h in enumerate(states):
+            src = t - (k + 1)
+            present.append((src >= 0)[None])  # [1, M]
+            logits.append(self.head(h[b, src.clamp(min=0)])[None])  # [1, M, N]
+        # 2. step k against P_t' restricted to the draft vocabulary (softmax over it = renormalised), the
+        #    teacher built once per chunk of rows for all steps
+        rows = distill_rows(logits, [0] * len(logits), gather_rows(batch, b, t, L), self.target.lm_head, L,
+                            "soft_ce", self.draft_ids)
+        want = argmax[b, t][None]  # [1, M]
         losses, accs = [], []
-        for k, (logits, ce) in enumerate(zip(steps, rows)):
-            v = ahead(valid, k + 1, False)
+        for lg, ce, v in zip(logits, rows, present):
             losses.append(masked_mean(ce, v))
-            hit = self.to_target(logits.argmax(-1)) == ahead(argmax, k + 1, -1)
-            accs.append(masked_mean(hit.float(), v))
+            accs.append(masked_mean((self.to_target(lg.argmax(-1)) == want).float(), v))
         total = sum(w * lo for w, lo in zip(step_weights(len(losses), self.config.step_decay), losses))
         return total, {"loss": float(total.detach()), **loss_metrics("ce", losses), **loss_metrics("acc", accs)}
 
@@ -366,13 +390,15 @@ class Eagle1(_Eagle):
         """The target's post-norm last state is the feature itself. {id: [.., H]} -> [.., H]"""
         return hidden[self.target.num_layers].to(self.dtype)
 
-    def step(self, x: Tensor, emb: Tensor, positions: Tensor, ctx) -> tuple[Tensor, Tensor]:
-        """x (feature), emb [B, T, H] at positions [B, T] -> logits [B, T, V], f̂ [B, T, H]."""
+    def advance(self, x: Tensor, emb: Tensor, positions: Tensor, ctx) -> Tensor:
+        """x (feature), emb [B, T, H] at positions [B, T] -> f̂ [B, T, H], the next feature's estimate."""
         z = self.fc(torch.cat([emb, x], dim=-1))
         cos, sin = self.target.rotary_emb(z, positions)
-        f_hat = self.layers[0](z, cos, sin, ctx)
-        head = self.target.lm_head
-        return head(f_hat.to(head.weight.dtype)), f_hat
+        return self.layers[0](z, cos, sin, ctx)
+
+    def head(self, f_hat: Tensor) -> Tensor:
+        """The target's frozen LM head on f̂. [.., H] -> [.., V]"""
+        return self.target.lm_head(f_hat.to(self.target.lm_head.weight.dtype))
 
     def step_vocab(self) -> None:
         return None  # logits over the target's whole vocabulary
@@ -382,14 +408,18 @@ class Eagle1(_Eagle):
 
     def loss(self, batch: dict, step: int = 0) -> tuple[Tensor, dict[str, float]]:
         """SmoothL1(f̂_t, f_{t+1}) + ce_weight * soft-CE(lm_head(f̂_t), P_{t+1}) over trained rows."""
-        argmax = teacher_argmax(batch, self.target.lm_head, self.target.num_layers)
-        v = ahead(next_valid(batch), 1, False)
-        (logits, f_hat), = self.unroll(batch, 1, self.noise_generator(step))
-        f_next = ahead(batch["hidden"][self.target.num_layers].to(f_hat.dtype), 1)
-        reg = masked_mean(smooth_l1(f_hat, f_next), v)
-        (ce_rows,) = distill_rows([logits], [1], batch, self.target.lm_head, self.target.num_layers, "soft_ce")
-        ce = masked_mean(ce_rows, v)
-        acc = masked_mean((logits.argmax(-1) == ahead(argmax, 1, -1)).float(), v)
+        L = self.target.num_layers
+        argmax = teacher_argmax(batch, self.target.lm_head, L)
+        (f_hat,) = self.unroll_states(batch, 1, self.noise_generator(step))
+        # rows with a loss only (prompt and padding rows have none): row t predicts f_{t+1} and P_{t+1}
+        b, t = ahead(next_valid(batch), 1, False).nonzero(as_tuple=True)  # [M] each
+        every = torch.ones_like(b, dtype=torch.bool)[None]  # [1, M]
+        f_rows = f_hat[b, t][None]  # [1, M, H]
+        reg = masked_mean(smooth_l1(f_rows, batch["hidden"][L][b, t + 1][None].to(f_hat.dtype)), every)
+        logits = self.head(f_rows)  # [1, M, V]
+        (ce_rows,) = distill_rows([logits], [0], gather_rows(batch, b, t + 1, L), self.target.lm_head, L, "soft_ce")
+        ce = masked_mean(ce_rows, every)
+        acc = masked_mean((logits.argmax(-1) == argmax[b, t + 1][None]).float(), every)
         total = reg + self.config.ce_weight * ce
         return total, {"loss": float(total.detach()), "regression": float(reg.detach()), "ce_1": float(ce.detach()),
                        "acc_1": float(acc.detach())}

@@ -164,6 +164,14 @@ def teacher_argmax(batch: dict, lm_head: torch.nn.Linear, num_layers: int, budge
     return out.view(b, T)
 
 
+def gather_rows(batch: dict, b: Tensor, t: Tensor, num_layers: int) -> dict:
+    """The teacher's inputs at rows (b[i], t[i]) as a one-row batch: what teacher_probs and distill_rows read
+    (the post-norm state, or the stored top-k). [M] indices -> {..: [1, M, ..]}"""
+    if "topk_ids" in batch:
+        return {"topk_ids": batch["topk_ids"][b, t][None], "topk_probs": batch["topk_probs"][b, t][None]}
+    return {"hidden": {num_layers: batch["hidden"][num_layers][b, t][None]}}
+
+
 class _DistillRows(torch.autograd.Function):
     """Per-row soft-CE (or KL) of several logits [B, T, V'] against a teacher built a chunk of rows at a time.
 

@@ -28,6 +28,7 @@ from drafters.trainable.losses import (
     ahead,
     conditional_accuracy,
     distill_rows,
+    gather_rows,
     hard_ce,
     in_topk,
     loss_metrics,
@@ -113,18 +114,20 @@ class Medusa(nn.Module):
     def feature_ids(self, num_layers: int | None = None) -> tuple[int, ...]:
         return self.config.feature_ids(num_layers or self.target.num_layers)
 
+    def head_modules(self) -> list[nn.Linear]:
+        """Each head's LM head: its own copy, or the target's (shared, frozen)."""
+        if self.config.head == "copied":
+            return list(self.lm_heads)
+        return [self.target.lm_head] * self.config.num_heads
+
+    def one_head(self, block: nn.Module, lm_head: nn.Linear, h: Tensor) -> Tensor:
+        """One head's logits from target states. [.., H] -> [.., V]"""
+        z = block(h.to(self.dtype))
+        return lm_head(z.to(lm_head.weight.dtype))
+
     def head_logits(self, h: Tensor) -> list[Tensor]:
         """Each head's logits [.., V] from target states h [.., H]."""
-        x = h.to(self.dtype)
-        out = []
-        for k, block in enumerate(self.blocks):
-            z = block(x)
-            if self.config.head == "copied":
-                out.append(self.lm_heads[k](z))
-            else:
-                head = self.target.lm_head
-                out.append(head(z.to(head.weight.dtype)))
-        return out
+        return [self.one_head(block, head, h) for block, head in zip(self.blocks, self.head_modules())]
 
     def forward(self, batch: dict, step: int = 0) -> tuple[Tensor, dict[str, float]]:
         """= loss(batch, step); call the module itself so DDP/accelerate wrappers see the forward."""
@@ -133,18 +136,26 @@ class Medusa(nn.Module):
     def loss(self, batch: dict, step: int = 0) -> tuple[Tensor, dict[str, float]]:
         """sum_k decay^k loss_k; head k at row t: CE vs x_{t+k+2}, or KL to the target's P_{t+k+1}."""
         L = self.target.num_layers
-        valid = next_valid(batch)
         argmax = teacher_argmax(batch, self.target.lm_head, L)
-        heads = self.head_logits(batch["hidden"][L])
-        if self.config.loss == "ce":
-            rows = [hard_ce(logits, ahead(batch["input_ids"], k + 2)) for k, logits in enumerate(heads)]
-        else:  # head k against P_{t+k+1}, the target's distribution built a chunk of rows at a time
-            rows = distill_rows(heads, [k + 1 for k in range(len(heads))], batch, self.target.lm_head, L, "kl")
+        # Only rows with a loss go through the heads (in chat data ~45% of a padded batch: prompt and padding
+        # rows have none). Head k's prediction of P_t' (t' a trained row) comes from row t' - k - 1.
+        b, t = next_valid(batch).nonzero(as_tuple=True)  # [M] each: the teacher rows
+        h = batch["hidden"][L]
+        heads, present = [], []
+        for k, (block, lm_head) in enumerate(zip(self.blocks, self.head_modules())):
+            src = t - (k + 1)
+            present.append((src >= 0)[None])  # [1, M]
+            heads.append(self.one_head(block, lm_head, h[b, src.clamp(min=0)])[None])  # [1, M, V]
+        if self.config.loss == "ce":  # against the next token x_{t'+1}
+            label = batch["input_ids"][b, t + 1][None]
+            rows = [hard_ce(logits, label) for logits in heads]
+        else:  # against P_t', built a chunk of rows at a time
+            rows = distill_rows(heads, [0] * len(heads), gather_rows(batch, b, t, L), self.target.lm_head, L, "kl")
+        want = argmax[b, t][None]
         losses, accs = [], []
-        for k, (logits, per_row) in enumerate(zip(heads, rows)):
-            v = ahead(valid, k + 1, False)
+        for logits, per_row, v in zip(heads, rows, present):
             losses.append(masked_mean(per_row, v))
-            accs.append(masked_mean((logits.argmax(-1) == ahead(argmax, k + 1, -1)).float(), v))
+            accs.append(masked_mean((logits.argmax(-1) == want).float(), v))
         total = sum(w * lo for w, lo in zip(step_weights(len(losses), self.config.step_decay), losses))
         return total, {"loss": float(total.detach()), **loss_metrics(self.config.loss, losses),
                        **loss_metrics("acc", accs)}

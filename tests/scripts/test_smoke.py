@@ -192,6 +192,11 @@ def smoke_args(name: str, tmp: Path, chat: Path, build: bool = True) -> tuple[li
              "--steps", "1"],
             "cached",
         ),
+        "bench_loss_rows.py": (
+            ["--target", str(chat), "--recipes", str(REPO / "recipes/stories260K"), "--synthetic", "--seq-len", "16",
+             "--batches", "1", "--batch-size", "2"],
+            "loss rows",
+        ),
         "estimate.py": (
             ["--config", str(REPO / "tests/data/smollm2-135m-config.json"), "--seq", "64"],
             "eagle3",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
 from torch import Tensor, nn
 
 from drafters.trainable.layerskip.config import LayerSkipConfig
@@ -15,6 +16,7 @@ from drafters.trainable.losses import (
     distill_rows,
     exit_curriculum,
     exit_loss_scales,
+    gather_rows,
     hard_ce,
     in_topk,
     masked_mean,
@@ -35,18 +37,24 @@ def exit_loss(cfg: LayerSkipConfig, batch: dict, step: int, lm_head: nn.Linear, 
     on = exit_curriculum(cfg.curriculum, step, len(cfg.exits), cfg.curriculum_steps, cfg.rotation_every,
                          cfg.gradual_fraction)
     scales = exit_loss_scales(cfg.exits, cfg.scale, on)
+    # only rows with a loss go through the exit heads (prompt and padding rows have none: ~55% of a padded
+    # chat batch), as one row [1, M]
+    b, t = valid.nonzero(as_tuple=True)
+    taught = gather_rows(batch, b, t, num_layers) if cfg.loss == "kl" else None
+    want = argmax[b, t][None]  # [1, M]
+    every = torch.ones_like(want, dtype=torch.bool)
     total, metrics = 0.0, {}
     for e, scale, active in zip(cfg.exits, scales, on):
         if not active:
             continue
-        logits = logits_at(e, states_at(batch, e))
+        logits = logits_at(e, states_at(batch, e)[b, t][None])  # [1, M, V]
         # KL to the target's P_t, built a chunk of rows at a time (drafters/trainable/losses.py distill_rows)
-        per_row = (distill_rows([logits], [0], batch, lm_head, num_layers, "kl")[0] if cfg.loss == "kl"
-                   else hard_ce(logits, ahead(batch["input_ids"], 1)))
-        loss_e = masked_mean(per_row, valid)
+        per_row = (distill_rows([logits], [0], taught, lm_head, num_layers, "kl")[0] if cfg.loss == "kl"
+                   else hard_ce(logits, batch["input_ids"][b, t + 1][None]))
+        loss_e = masked_mean(per_row, every)
         total = total + scale * loss_e
         metrics[f"{cfg.loss}_exit{e}"] = float(loss_e.detach())
-        metrics[f"acc_exit{e}"] = float(masked_mean((logits.argmax(-1) == argmax).float(), valid))
+        metrics[f"acc_exit{e}"] = float(masked_mean((logits.argmax(-1) == want).float(), every))
     return total, {"loss": float(total.detach()), **metrics}
 
 

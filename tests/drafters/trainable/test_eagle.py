@@ -152,3 +152,82 @@ def test_chain_decoding_equals_training_unroll(tiny, kind):
         root = len(context) - 2  # row (feature of the last committed position, pending token)
         chain = [int(m.to_target(logits[0, root].argmax())) for logits, _ in steps]
         assert chain == tree.tokens.tolist()
+
+
+def all_rows_loss(m: Eagle3, batch: dict) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The training-time test loss with the draft head over every row of the batch (the loss's plain form):
+    step k's logits at row t against P_{t+k+1}, masked by ahead(valid, k+1)."""
+    from drafters.trainable.losses import (
+        ahead,
+        distill_rows,
+        masked_mean,
+        next_valid,
+        step_weights,
+        teacher_argmax,
+    )
+
+    L = m.target.num_layers
+    argmax = teacher_argmax(batch, m.target.lm_head, L)
+    valid = next_valid(batch) & m.t2d[argmax]
+    steps = [lg for lg, _ in m.unroll(batch, m.config.ttt_steps)]
+    rows = distill_rows(steps, [k + 1 for k in range(len(steps))], batch, m.target.lm_head, L, "soft_ce", m.draft_ids)
+    losses = [masked_mean(ce, ahead(valid, k + 1, False)) for k, ce in enumerate(rows)]
+    accs = [masked_mean((m.to_target(lg.argmax(-1)) == ahead(argmax, k + 1, -1)).float(), ahead(valid, k + 1, False))
+            for k, lg in enumerate(steps)]
+    return sum(w * lo for w, lo in zip(step_weights(len(losses), m.config.step_decay), losses)), accs
+
+
+@pytest.mark.parametrize("source", ["hidden", "topk"])
+def test_loss_on_loss_rows_only_equals_the_all_rows_loss(tiny, source):
+    """Eagle3.loss runs the draft head only on rows that carry a loss (not on prompt or padding rows): its
+    value, accuracies and gradients equal the loss computed with the head over every row. The batch has a
+    prompt (loss_mask 0), right padding, rows whose argmax lies outside the draft vocabulary, and 3 TTT steps."""
+    torch.manual_seed(0)
+    m = Eagle3(tiny, Eagle3Config(draft_vocab_size=48, ttt_steps=3, noise="none", freeze_head=False))
+    ids = random_sequences(tiny, 3, 14)
+    am = torch.ones_like(ids)
+    am[1, 10:] = 0
+    am[2, 6:] = 0
+    lm = am.clone()
+    lm[:, :4] = 0  # the prompt
+    batch = make_batch(tiny, ids, m.feature_ids(), attention_mask=am, loss_mask=lm)
+    if source == "topk":
+        tk = torch.softmax(tiny.lm_head(batch["hidden"][tiny.num_layers]), -1).topk(5, -1)
+        batch.update(topk_ids=tk.indices, topk_probs=tk.values)
+    assert 0 < int((batch["loss_mask"].bool() & ~m.t2d[batch["input_ids"]]).sum())  # out-of-vocabulary targets exist
+    ref, ref_accs = all_rows_loss(m, batch)
+    ref_grads = torch.autograd.grad(ref, [p for p in m.parameters() if p.requires_grad])
+    got, metrics = m.loss(batch)
+    grads = torch.autograd.grad(got, [p for p in m.parameters() if p.requires_grad])
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
+    assert [metrics[f"acc_{k + 1}"] for k in range(3)] == pytest.approx([float(a) for a in ref_accs], abs=1e-6)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-6)
+    assert any(g.abs().sum() > 0 for g in grads)
+
+
+def test_eagle1_loss_on_loss_rows_only_equals_the_all_rows_loss(tiny):
+    """Eagle1.loss (regression + soft-CE) on the rows that carry a loss only = over every row, masked."""
+    from drafters.trainable.losses import ahead, distill_rows, masked_mean, next_valid, smooth_l1
+
+    torch.manual_seed(0)
+    m = Eagle1(tiny)
+    ids = random_sequences(tiny, 3, 14)
+    am = torch.ones_like(ids)
+    am[2, 9:] = 0
+    lm = am.clone()
+    lm[:, :4] = 0
+    batch = make_batch(tiny, ids, m.feature_ids(), attention_mask=am, loss_mask=lm)
+    L = tiny.num_layers
+    v = ahead(next_valid(batch), 1, False)
+    ((logits, f_hat),) = m.unroll(batch, 1)
+    reg = masked_mean(smooth_l1(f_hat, ahead(batch["hidden"][L], 1)), v)
+    (ce,) = distill_rows([logits], [1], batch, tiny.lm_head, L, "soft_ce")
+    ref = reg + m.config.ce_weight * masked_mean(ce, v)
+    params = [p for p in m.parameters() if p.requires_grad]
+    ref_grads = torch.autograd.grad(ref, params)
+    got, metrics = m.loss(batch)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
+    assert metrics["regression"] == pytest.approx(float(reg.detach()), rel=1e-5)
+    for g, r in zip(torch.autograd.grad(got, params), ref_grads):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-6)

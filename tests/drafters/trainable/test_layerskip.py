@@ -103,3 +103,50 @@ def test_lora_needs_right_padding(tiny):
     batch = make_batch(tiny, ids, m.feature_ids(), attention_mask=torch.tensor([[0, 1, 1, 1, 1, 1]]))
     with pytest.raises(ValueError, match="right-padded"):
         m(batch)
+
+
+@pytest.mark.parametrize("cfg", [LayerSkipConfig(adapter_rank=4, loss="kl"), LayerSkipConfig(adapter_rank=4, loss="ce"),
+                                 LayerSkipConfig(mode="lora", draft_exit=2, lora_rank=4)], ids=["kl", "ce", "lora"])
+def test_loss_on_loss_rows_only_equals_the_all_rows_loss(tiny, cfg):
+    """The exit loss runs the exit heads only on rows that carry a loss: its value, accuracies and gradients
+    equal the loss with every exit's head over every row, masked. The batch has a prompt and right padding."""
+    from drafters.trainable.layerskip.objective import exit_curriculum, exit_loss_scales
+    from drafters.trainable.losses import (
+        ahead,
+        distill_rows,
+        hard_ce,
+        masked_mean,
+        next_valid,
+        teacher_argmax,
+    )
+
+    torch.manual_seed(0)
+    m = LayerSkip(tiny, cfg)
+    for p in m.parameters():  # away from the init, so the exits' heads differ
+        if p.requires_grad:
+            p.data.add_(torch.randn_like(p) * 0.05)
+    ids = random_sequences(tiny, 3, 14)
+    am = torch.ones_like(ids)
+    am[1, 10:] = 0
+    lm = am.clone()
+    lm[:, :5] = 0
+    batch = make_batch(tiny, ids, m.feature_ids(), attention_mask=am, loss_mask=lm)
+    L, valid, c = tiny.num_layers, next_valid(batch), m.config
+    argmax = teacher_argmax(batch, tiny.lm_head, L)
+    scales = exit_loss_scales(c.exits, c.scale, exit_curriculum(c.curriculum, 0, len(c.exits)))
+    ref, ref_metrics = 0.0, {}
+    for e, s in zip(c.exits, scales):
+        logits = m.exit_logits(e, m.exit_states(batch, e))
+        rows = (distill_rows([logits], [0], batch, tiny.lm_head, L, "kl")[0] if c.loss == "kl"
+                else hard_ce(logits, ahead(batch["input_ids"], 1)))
+        ref = ref + s * masked_mean(rows, valid)
+        ref_metrics[f"acc_exit{e}"] = float(masked_mean((logits.argmax(-1) == argmax).float(), valid))
+    params = [p for p in m.parameters() if p.requires_grad]
+    ref_grads = torch.autograd.grad(ref, params)
+    got, metrics = m.loss(batch, 0)
+    grads = torch.autograd.grad(got, params)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
+    assert {k: metrics[k] for k in ref_metrics} == pytest.approx(ref_metrics, abs=1e-6)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-6)
+    assert any(g.abs().sum() > 0 for g in grads)

@@ -65,3 +65,51 @@ def test_chain_is_each_heads_argmax_at_the_newest_state(tiny):
         assert tree.size <= 3
         pos += accepted + 1
     assert max(t.size for t in rounds) == 3
+
+
+@pytest.mark.parametrize("loss", ["ce", "kl"])
+@pytest.mark.parametrize("head", ["shared", "copied"])
+def test_loss_on_loss_rows_only_equals_the_all_rows_loss(tiny, loss, head):
+    """Medusa.loss runs the heads only on rows that carry a loss: its value, accuracies and gradients equal
+    the loss with every head over every row (head k at row t against x_{t+k+2} / P_{t+k+1}, masked by
+    ahead(valid, k+1)). The batch has a prompt (loss_mask 0) and right padding."""
+    from drafters.trainable.losses import (
+        ahead,
+        distill_rows,
+        hard_ce,
+        masked_mean,
+        next_valid,
+        step_weights,
+        teacher_argmax,
+    )
+
+    torch.manual_seed(0)
+    m = Medusa(tiny, MedusaConfig(num_heads=3, loss=loss, head=head))
+    for p in m.blocks.parameters():  # away from Medusa's zero init, so the heads differ
+        p.data.normal_(0, 0.1)
+    ids = random_sequences(tiny, 3, 14)
+    am = torch.ones_like(ids)
+    am[1, 10:] = 0
+    lm = am.clone()
+    lm[:, :5] = 0
+    batch = make_batch(tiny, ids, m.feature_ids(), attention_mask=am, loss_mask=lm)
+    L, valid = tiny.num_layers, next_valid(batch)
+    argmax = teacher_argmax(batch, tiny.lm_head, L)
+    logits = m.head_logits(batch["hidden"][L])
+    if loss == "ce":
+        rows = [hard_ce(lg, ahead(batch["input_ids"], k + 2)) for k, lg in enumerate(logits)]
+    else:
+        rows = distill_rows(logits, [k + 1 for k in range(3)], batch, tiny.lm_head, L, "kl")
+    masks = [ahead(valid, k + 1, False) for k in range(3)]
+    ref = sum(w * masked_mean(r, v) for w, r, v in zip(step_weights(3, m.config.step_decay), rows, masks))
+    ref_accs = [masked_mean((lg.argmax(-1) == ahead(argmax, k + 1, -1)).float(), v)
+                for k, (lg, v) in enumerate(zip(logits, masks))]
+    params = [p for p in m.parameters() if p.requires_grad]
+    ref_grads = torch.autograd.grad(ref, params)
+    got, metrics = m.loss(batch)
+    grads = torch.autograd.grad(got, params)
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
+    assert [metrics[f"acc_{k + 1}"] for k in range(3)] == pytest.approx([float(a) for a in ref_accs], abs=1e-6)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-6)
+    assert all(g.abs().sum() > 0 for g in grads)
