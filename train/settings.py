@@ -151,7 +151,7 @@ CHECKS: dict[str, Check] = {
     "drafter.layerskip.layer_dropout": PROB, "drafter.layerskip.eval_depth": POS,
 }
 FREE_TEXT = {"target", "run_dir", "name", "data.source", "data.split", "data.regenerate.out_dir", "features.cache_dir",
-             "drafter.layerskip.lora_targets"}  # string settings any text may fill (checked where they are read)
+             "train.init_from", "drafter.layerskip.lora_targets"}  # string settings any text may fill (checked where they are read)
 
 
 def problems(get: Callable[[str], Any]) -> list[tuple[str, str]]:
