@@ -20,7 +20,10 @@ workers busy beside it — the same load for every row, as in a 1-process run on
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import sys
+import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
@@ -51,6 +54,19 @@ class Shard:
     make_run: Callable
     warm_up: Callable
     decode_conversation: Callable
+
+
+def exit_with_parent(parent: int, every_s: float = 1.0) -> None:
+    """Worker initializer: end this worker when its parent is gone. A parent killed by a signal (a benchmark
+    stopped with kill or Ctrl-C in another shell) runs no cleanup, and its pool's workers would otherwise go on
+    decoding for an hour beside whatever runs next."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
 
 
 def run_shard(shard: Shard) -> list[tuple[int, dict[str, list[TurnResult]]]]:
@@ -90,7 +106,8 @@ def decode_in_workers(target: Target, runners: list, convs: list[Conversation], 
     shards = [Shard(name, dtype, tuple(s for s, _ in runners), shapes,
                     tuple((c, firsts[c], convs[c]) for c in range(w, len(convs), workers)), cfg, w, progress, *fns)
               for w in range(min(workers, len(convs)))]
-    with ProcessPoolExecutor(len(shards), mp_context=mp.get_context("spawn")) as pool:
+    with ProcessPoolExecutor(len(shards), mp_context=mp.get_context("spawn"), initializer=exit_with_parent,
+                             initargs=(os.getpid(),)) as pool:
         results = list(pool.map(run_shard, shards))
     by_conv = dict(item for part in results for item in part)
     return [by_conv[c] for c in range(len(convs))]

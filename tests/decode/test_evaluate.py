@@ -360,3 +360,39 @@ def test_auto_calibrates_on_prompts_spread_over_the_list(stories):
 class _Described:
     def describe(self) -> str:
         return "chain k=1"
+
+
+def test_pool_workers_end_when_their_parent_is_killed(tmp_path):
+    """decode.workers' pool initializer: a parent killed by SIGKILL (no cleanup runs) takes its workers with it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import multiprocessing as mp, os, sys, time\n"
+        "from concurrent.futures import ProcessPoolExecutor\n"
+        "from decode.workers import exit_with_parent\n"
+        "if __name__ == '__main__':\n"
+        "    with ProcessPoolExecutor(1, mp_context=mp.get_context('spawn'), initializer=exit_with_parent,\n"
+        "                             initargs=(os.getpid(), 0.1)) as pool:\n"
+        "        print(pool.submit(os.getpid).result(), flush=True)\n"
+        "        pool.submit(time.sleep, 120)\n"
+        "        time.sleep(120)\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
+    worker = int(parent.stdout.readline())
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        try:
+            os.kill(worker, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.kill(worker, signal.SIGKILL)
+    raise AssertionError("the pool's worker outlived its killed parent")
