@@ -100,3 +100,15 @@ def fit(module: torch.nn.Module, batch: dict, steps: int = 30, lr: float = 1e-2)
         opt.step()
         losses.append(metrics["loss"])
     return losses
+
+
+def chat_like_batch(target: Target, feature_ids: tuple[int, ...], prompt: int = 5, seed: int = 0) -> dict:
+    """3 random sequences of 14 tokens as a chat batch has them: the first `prompt` tokens carry no loss, and
+    rows 1 and 2 are right-padded (10 and 9 real tokens) — rows the losses must skip."""
+    ids = random_sequences(target, 3, 14, seed)
+    am = torch.ones_like(ids)
+    am[1, 10:] = 0
+    am[2, 9:] = 0
+    lm = am.clone()
+    lm[:, :prompt] = 0
+    return make_batch(target, ids, feature_ids, attention_mask=am, loss_mask=lm)

@@ -12,7 +12,14 @@ from decode.generate import generate
 from decode.target import Target
 from decode.tree import Shape
 from drafters.trainable.eagle import Eagle1, Eagle3, Eagle3Config, build_draft_vocab, default_capture_ids
-from tests.drafters.batches import fit, make_batch, random_sequences, record_rounds, sharp_target
+from tests.drafters.batches import (
+    chat_like_batch,
+    fit,
+    make_batch,
+    random_sequences,
+    record_rounds,
+    sharp_target,
+)
 
 QWEN3_14B = Path(__file__).resolve().parents[2] / "data" / "qwen3-14b-config.json"
 EAGLE3_KEYS = {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"} | {
@@ -184,13 +191,7 @@ def test_loss_on_loss_rows_only_equals_the_all_rows_loss(tiny, source):
     prompt (loss_mask 0), right padding, rows whose argmax lies outside the draft vocabulary, and 3 TTT steps."""
     torch.manual_seed(0)
     m = Eagle3(tiny, Eagle3Config(draft_vocab_size=48, ttt_steps=3, noise="none", freeze_head=False))
-    ids = random_sequences(tiny, 3, 14)
-    am = torch.ones_like(ids)
-    am[1, 10:] = 0
-    am[2, 6:] = 0
-    lm = am.clone()
-    lm[:, :4] = 0  # the prompt
-    batch = make_batch(tiny, ids, m.feature_ids(), attention_mask=am, loss_mask=lm)
+    batch = chat_like_batch(tiny, m.feature_ids())
     if source == "topk":
         tk = torch.softmax(tiny.lm_head(batch["hidden"][tiny.num_layers]), -1).topk(5, -1)
         batch.update(topk_ids=tk.indices, topk_probs=tk.values)
@@ -212,12 +213,7 @@ def test_eagle1_loss_on_loss_rows_only_equals_the_all_rows_loss(tiny):
 
     torch.manual_seed(0)
     m = Eagle1(tiny)
-    ids = random_sequences(tiny, 3, 14)
-    am = torch.ones_like(ids)
-    am[2, 9:] = 0
-    lm = am.clone()
-    lm[:, :4] = 0
-    batch = make_batch(tiny, ids, m.feature_ids(), attention_mask=am, loss_mask=lm)
+    batch = chat_like_batch(tiny, m.feature_ids())
     L = tiny.num_layers
     v = ahead(next_valid(batch), 1, False)
     ((logits, f_hat),) = m.unroll(batch, 1)

@@ -9,7 +9,15 @@ from decode.generate import generate
 from decode.tree import Shape
 from drafters.sources.early_exit import early_exit
 from drafters.trainable.layerskip import LayerSkip, LayerSkipConfig
-from tests.drafters.batches import build, fit, make_batch, random_sequences, record_rounds, sharp_target
+from tests.drafters.batches import (
+    build,
+    chat_like_batch,
+    fit,
+    make_batch,
+    random_sequences,
+    record_rounds,
+    sharp_target,
+)
 
 PROMPT = torch.tensor([1, 5, 9, 33, 17, 4, 60])
 
@@ -125,12 +133,7 @@ def test_loss_on_loss_rows_only_equals_the_all_rows_loss(tiny, cfg):
     for p in m.parameters():  # away from the init, so the exits' heads differ
         if p.requires_grad:
             p.data.add_(torch.randn_like(p) * 0.05)
-    ids = random_sequences(tiny, 3, 14)
-    am = torch.ones_like(ids)
-    am[1, 10:] = 0
-    lm = am.clone()
-    lm[:, :5] = 0
-    batch = make_batch(tiny, ids, m.feature_ids(), attention_mask=am, loss_mask=lm)
+    batch = chat_like_batch(tiny, m.feature_ids())
     L, valid, c = tiny.num_layers, next_valid(batch), m.config
     argmax = teacher_argmax(batch, tiny.lm_head, L)
     scales = exit_loss_scales(c.exits, c.scale, exit_curriculum(c.curriculum, 0, len(c.exits)))

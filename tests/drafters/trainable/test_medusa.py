@@ -8,7 +8,14 @@ import torch
 from decode.generate import generate
 from decode.tree import Shape
 from drafters.trainable.medusa import Medusa, MedusaConfig, capped_shape
-from tests.drafters.batches import fit, make_batch, random_sequences, record_rounds, sharp_target
+from tests.drafters.batches import (
+    chat_like_batch,
+    fit,
+    make_batch,
+    random_sequences,
+    record_rounds,
+    sharp_target,
+)
 
 
 def test_keys_and_zero_init(tiny):
@@ -87,12 +94,7 @@ def test_loss_on_loss_rows_only_equals_the_all_rows_loss(tiny, loss, head):
     m = Medusa(tiny, MedusaConfig(num_heads=3, loss=loss, head=head))
     for p in m.blocks.parameters():  # away from Medusa's zero init, so the heads differ
         p.data.normal_(0, 0.1)
-    ids = random_sequences(tiny, 3, 14)
-    am = torch.ones_like(ids)
-    am[1, 10:] = 0
-    lm = am.clone()
-    lm[:, :5] = 0
-    batch = make_batch(tiny, ids, m.feature_ids(), attention_mask=am, loss_mask=lm)
+    batch = chat_like_batch(tiny, m.feature_ids())
     L, valid = tiny.num_layers, next_valid(batch)
     argmax = teacher_argmax(batch, tiny.lm_head, L)
     logits = m.head_logits(batch["hidden"][L])
