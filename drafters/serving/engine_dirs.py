@@ -138,14 +138,20 @@ def load_medusa(path: Path, target: Target):
     return module.eval()
 
 
-def load_as_drafter(target: Target, path: Path):
-    """registry.DIR_LOADERS entry: an engine-layout directory -> its decode-time drafter (None if not one)."""
+def engine_module(path: Path, target: Target):
+    """The module of an EAGLE-3 (SGLang / speculators) or vLLM Medusa directory; None if it is neither."""
     fmt = detect_format(read_config(path) or {})
     if fmt in LAYER_PREFIX:
-        return in_target_dtype(load_eagle3(path, target), target).drafter(name=str(path))
+        return load_eagle3(path, target)
     if fmt == "medusa-vllm":
-        return in_target_dtype(load_medusa(path, target), target).drafter(name=str(path))
+        return load_medusa(path, target)
     return None
+
+
+def load_as_drafter(target: Target, path: Path):
+    """registry.DIR_LOADERS entry: an engine-layout directory -> its decode-time drafter (None if not one)."""
+    module = engine_module(path, target)
+    return None if module is None else in_target_dtype(module, target).drafter(name=str(path))
 
 
 def load_module(path: Path, target: Target):
@@ -153,10 +159,8 @@ def load_module(path: Path, target: Target):
     engine layout. Raises naming what the directory is not."""
     if read_meta(path) is not None:
         return load_drafter(path, target).float()
-    fmt = detect_format(read_config(path) or {})
-    if fmt in LAYER_PREFIX:
-        return load_eagle3(path, target).float()
-    if fmt == "medusa-vllm":
-        return load_medusa(path, target).float()
-    raise ValueError(f"{path} is not a drafter directory (no native config.json with 'draftsmith_drafter', "
-                     "nor an EAGLE-3 or Medusa engine layout)")
+    module = engine_module(path, target)
+    if module is None:
+        raise ValueError(f"{path} is not a drafter directory (no native config.json with 'draftsmith_drafter', "
+                         "nor an EAGLE-3 or Medusa engine layout)")
+    return module.float()

@@ -345,8 +345,8 @@ class Eagle3(_Eagle):
         argmax = teacher_argmax(batch, self.target.lm_head, L)
         valid = next_valid(batch) & self.t2d[argmax]  # [B, T]: P_t is a target the draft vocabulary can reach
         states = self.unroll_states(batch, self.config.ttt_steps, self.noise_generator(step))
-        # 1. Only rows with a loss go through the draft head (in chat data ~45% of a padded batch: prompt
-        #    and padding rows have none). The teacher rows t' (valid) are every step's targets; step k's
+        # 1. Only rows with a loss go through the draft head (in chat data 54% of a padded batch are prompt
+        #    and padding rows, which have none). The teacher rows t' (valid) are every step's targets; step k's
         #    prediction of P_t' sits at row t' - k - 1 (k+1 tokens ahead), absent when that is < 0.
         b, t = valid.nonzero(as_tuple=True)  # [M] each
         logits, present = [], []

@@ -137,8 +137,8 @@ class Medusa(nn.Module):
         """sum_k decay^k loss_k; head k at row t: CE vs x_{t+k+2}, or KL to the target's P_{t+k+1}."""
         L = self.target.num_layers
         argmax = teacher_argmax(batch, self.target.lm_head, L)
-        # Only rows with a loss go through the heads (in chat data ~45% of a padded batch: prompt and padding
-        # rows have none). Head k's prediction of P_t' (t' a trained row) comes from row t' - k - 1.
+        # Only rows with a loss go through the heads (in chat data 54% of a padded batch are prompt and
+        # padding rows, which have none). Head k's prediction of P_t' (t' a trained row) comes from row t' - k - 1.
         b, t = next_valid(batch).nonzero(as_tuple=True)  # [M] each: the teacher rows
         h = batch["hidden"][L]
         heads, present = [], []
