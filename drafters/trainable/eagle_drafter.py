@@ -48,13 +48,16 @@ class EagleDrafter:
             self.rows_x.append(self.m.project({i: step.hidden[i] for i in self.hidden_ids}))
         self.rows_tok.append(step.tokens.to(self.m.target.device))
 
-    def _run(self, x: Tensor, tokens: Tensor, positions: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
+    def _run(self, x: Tensor, tokens: Tensor, positions: Tensor, mask: Tensor | None,
+             last_only: bool = False) -> tuple[Tensor, Tensor]:
         """Rows x [n, H] + tokens [n] at positions [n] -> log-probs over the logit columns [n, N] (the draft
-        vocabulary: decode.tree.grow maps columns to target ids through self.vocab), states [n, H]."""
+        vocabulary: decode.tree.grow maps columns to target ids through self.vocab), states [n, H].
+        last_only: log-probs of the last row only [1, N] (the root step: the head over a whole prompt is waste)."""
         emb = self.m.embed(tokens.view(1, -1))
-        logits, out = self.m.step(x.unsqueeze(0), emb, positions.view(1, -1), CacheContext(self.cache, mask))
+        out = self.m.advance(x.unsqueeze(0), emb, positions.view(1, -1), CacheContext(self.cache, mask))[0]
+        logits = self.m.head(out[-1:] if last_only else out)
         self.forward_passes += 1
-        return torch.log_softmax(logits[0], dim=-1, dtype=torch.float32), out[0]
+        return torch.log_softmax(logits, dim=-1, dtype=torch.float32), out
 
     @torch.no_grad()
     def propose(self, budget: Budget) -> DraftTree:
@@ -68,9 +71,9 @@ class EagleDrafter:
                 scratch.add([-1], [-2])
                 positions = torch.arange(self.cached, self.cached + n, device=dev)
                 mask = causal_mask(self.cached, n, dtype, dev) if n > 1 else None
-                logp, out = self._run(x, tok, positions, mask)
+                logp, out = self._run(x, tok, positions, mask, last_only=True)
                 states[-1] = out[-1]
-                return logp[-1:]
+                return logp
             # 2. tree rows: the parent's state, the node's token, the Scratch mask
             positions, mask = scratch.add(ids, parents)
             feats = torch.stack([states[p] for p in parents])
