@@ -24,7 +24,7 @@ from decode.protocol import Budget, Drafter, TargetStep, layer_reuse, side_rows
 from decode.sampling import Rng, SamplingConfig, TorchRng, probs_from_logits
 from decode.target import Target, bf16_reason
 from decode.tree import Shape, parse_shape
-from decode.verify import LazyRows, verify_greedy, verify_sampling
+from decode.verify import LazyRows, child_rows, verify_greedy, verify_sampling
 
 
 @dataclass
@@ -95,13 +95,15 @@ def generate(target: Target, drafter: Drafter, prompt_ids: Tensor, max_new_token
         t1 = time.perf_counter()
 
         # 3. verify: one target pass over [pending] + tree (+ side rows a drafter rides along, never committed).
-        #    The LM head runs only on the rows verification visits (the accepted path + its bonus row).
+        #    The LM head runs only on the rows verification visits (the accepted path + its bonus row) and their children.
         out = target.forward_tree(emitted[-1], tree, cache, hidden_ids, reuse, side, logits=False)
         rows = out.last[: 1 + tree.size]  # [1 + N, D] pre-norm
+        also = child_rows(tree)  # a visited row's children ride along: the walk's next visit is one of them
         if sampling.greedy:
-            verdict = verify_greedy(tree, LazyRows(lambda h: target.head(h).argmax(-1), rows))
+            verdict = verify_greedy(tree, LazyRows(lambda h: target.head(h).argmax(-1), rows, also))
         else:
-            verdict = verify_sampling(tree, LazyRows(lambda h: probs_from_logits(target.head(h), sampling), rows), rng)
+            verdict = verify_sampling(tree, LazyRows(lambda h: probs_from_logits(target.head(h), sampling), rows,
+                                                     also), rng)
         t2 = time.perf_counter()
 
         # 4. commit: keep the root and the accepted path in the cache, emit path tokens + bonus.

@@ -145,14 +145,14 @@ def test_lazy_lm_head_visits_only_the_accepted_path_and_agrees_with_full_logits(
     """Verification through LazyRows gives the verdict of the full [1 + N, V] logits, computing ≤ depth + 1 rows."""
     from decode.sampling import TorchRng, probs_from_logits
     from decode.tree import DraftTree
-    from decode.verify import LazyRows, verify_greedy, verify_sampling
+    from decode.verify import LazyRows, child_rows, verify_greedy, verify_sampling
 
     ids = encode_prompt(stories, "Once upon a time, there was a little girl")
     cache = stories.new_cache()
     first = int(stories.prefill(ids, cache).logits[-1].argmax())
     # a tree whose first-level children hold the target's own next tokens (greedy AR), so paths get accepted
     ar = generate(stories, ARDrafter(), ids, 4).tokens
-    tree = DraftTree(tokens=torch.tensor([ar[1], 7, ar[2], 9, ar[3]]), parents=torch.tensor([-1, -1, 0, 0, 2]))
+    tree = DraftTree(tokens=torch.tensor([ar[1], 7, ar[2], 9, ar[3], 11]), parents=torch.tensor([-1, -1, 0, 0, 2, 1]))
     full = stories.forward_tree(first, tree, cache)
     cache.crop(ids.numel())
     lean = stories.forward_tree(first, tree, cache, logits=False)
@@ -161,8 +161,16 @@ def test_lazy_lm_head_visits_only_the_accepted_path_and_agrees_with_full_logits(
     want = verify_greedy(tree, full.logits.argmax(-1))
     assert verify_greedy(tree, rows) == want and want.path == [0, 2, 4]
     assert sorted(rows.memo) == [0, 1, 3, 5]  # the root, the three accepted nodes: never the rejected siblings
+    calls = []
+    grouped = LazyRows(lambda h: calls.append(h.shape[0]) or stories.head(h).argmax(-1), lean.last, child_rows(tree))
+    assert verify_greedy(tree, grouped) == want
+    # a miss computes the row with its children: two calls (root + its 2 children; row 3 + its child) instead of
+    # four, and the subtrees the walk never entered (row 4's node, row 6 under a rejected sibling) stay unread
+    assert calls == [3, 2] and sorted(grouped.memo) == [0, 1, 2, 3, 5]
     cfg = SamplingConfig(temperature=0.9)
     for seed in range(5):
         a = verify_sampling(tree, probs_from_logits(full.logits, cfg), TorchRng(seed))
         b = verify_sampling(tree, LazyRows(lambda h: probs_from_logits(stories.head(h), cfg), lean.last), TorchRng(seed))
-        assert a == b
+        c = verify_sampling(tree, LazyRows(lambda h: probs_from_logits(stories.head(h), cfg), lean.last,
+                                           child_rows(tree)), TorchRng(seed))
+        assert a == b == c
