@@ -81,6 +81,18 @@ def test_optimiser_drafts_long_when_verifying_is_flat_and_short_when_steep():
     assert wide.shape.kind == "dynamic" and wide.tau == max(c.tau for c in cands)
 
 
+def test_a_costly_drafter_call_and_a_flat_pass_pick_the_roots_top_k_one_call():
+    # depth 1 is in the grid: a call costs a fifth of a pass, the pass is flat in rows, the rank-1..3 children are
+    # often right. The root's top-4 (tau 1.6, one call) beats chains and deeper trees (each deeper level: a call)
+    p = [[0.35, 0.12, 0.08, 0.05], [0.3, 0.1, 0.05, 0.05], [0.3, 0.1, 0.05, 0.05]]
+    best, cands = choose(p, Costs(0.0, 0.2, 0.2, 4, 0.0, 0.0), lambda n: 1.0, max_depth=3, width=4)
+    assert (best.shape.kind, best.shape.topk, best.shape.depth, best.shape.nodes) == ("dynamic", 4, 1, 4)
+    assert best.tau == pytest.approx(1.6) and best.speedup == pytest.approx(1.6 / 1.2)
+    assert best.label == "dynamic:topk=4,depth=1,nodes=4"
+    assert {(c.shape.topk, c.shape.nodes) for c in cands if c.shape.kind == "dynamic" and c.shape.depth == 1} == \
+        {(2, 2), (4, 4)}
+
+
 def test_verify_extra_is_a_line_in_the_rows_so_a_wide_calibration_tree_is_not_charged_to_ar():
     curve = {1: 0.030, 65: 0.040}
     # AR: 10 rounds of one row, 1 ms over the bare pass; the caterpillar: 10 rounds of 1 + 64 rows, 33 ms over
