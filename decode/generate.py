@@ -46,7 +46,7 @@ def check_length(target: Target, prompt_len: int, max_new_tokens: int) -> None:
 def pick(logits: Tensor, sampling: SamplingConfig, rng: Rng) -> int:
     """One token from the target's logits [V], the AR way."""
     if sampling.greedy:
-        return int(logits.argmax())
+        return int(logits.float().argmax())
     return rng.categorical(probs_from_logits(logits, sampling))
 
 
@@ -100,7 +100,8 @@ def generate(target: Target, drafter: Drafter, prompt_ids: Tensor, max_new_token
         rows = out.last[: 1 + tree.size]  # [1 + N, D] pre-norm
         also = child_rows(tree)  # a visited row's children ride along: the walk's next visit is one of them
         if sampling.greedy:
-            verdict = verify_greedy(tree, LazyRows(lambda h: target.head(h).argmax(-1), rows, also))
+            # argmax in fp32: the same index (bf16 -> fp32 is exact), and 5x faster than bf16's on a CPU (49k: 0.17 ms)
+            verdict = verify_greedy(tree, LazyRows(lambda h: target.head(h).float().argmax(-1), rows, also))
         else:
             verdict = verify_sampling(tree, LazyRows(lambda h: probs_from_logits(target.head(h), sampling), rows,
                                                      also), rng)
