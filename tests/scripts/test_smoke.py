@@ -40,6 +40,8 @@ def smoke_args(name: str, tmp: Path, chat: Path, build: bool = True) -> tuple[li
             for q in questions[:10]
         )
     )
+    (tmp / "two.jsonl").write_text("".join(json.dumps({"question_id": i, "category": c, "turns": [q]}) + "\n"
+                                           for i, (c, q) in enumerate([("writing", questions[0]), ("coding", questions[1])])))
     table = {
         "bench.py": (
             [
@@ -69,6 +71,11 @@ def smoke_args(name: str, tmp: Path, chat: Path, build: bool = True) -> tuple[li
                 "early-exit:1",
             ],
             "early-exit:1",
+        ),
+        "bench_shapes.py": (
+            ["early-exit:1", "--target", str(chat), "--shapes", "chain:2", "dynamic:topk=2,depth=1,nodes=2",
+             "--per-category", "1", "--max-new-tokens", "4", "--prompts", str(tmp / "two.jsonl")],
+            "dynamic:topk=2,depth=1,nodes=2",
         ),
         "bench_decode.py": (
             ["--limit", "1", "--max-new-tokens", "4", "--early-exit", "1", "--skip", "2"],
