@@ -155,7 +155,8 @@ OWN_TREES = ("prompt-lookup", "lookahead")  # drafters that propose their own tr
 
 
 def shape_label(shape: str | None) -> str:
-    """`chain k=8` -> `chain 8`, `dynamic:topk=8,depth=6,nodes=24` -> `tree 24`, `static nodes=9` -> `static 9`."""
+    """`chain k=8` -> `chain 8`, `dynamic:topk=8,depth=6,nodes=24` -> `tree 24`, `dynamic:topk=4,depth=1,nodes=4` ->
+    `top-4`, `static nodes=9` -> `static 9`."""
     if not shape:
         return ""
     if shape.startswith("no drafting"):  # --tree auto predicted no shape faster than plain decoding
@@ -164,6 +165,8 @@ def shape_label(shape: str | None) -> str:
         return f"chain {shape.removeprefix('chain k=')}"
     if shape.startswith("dynamic:"):
         opts = dict(kv.partition("=")[::2] for kv in shape.removeprefix("dynamic:").split(","))
+        if opts.get("depth") == "1":  # the root's top-k alone: one drafter call
+            return f"top-{opts.get('topk', '?')}"
         return f"tree {opts.get('nodes', '?')}"
     if shape.startswith("static nodes="):
         return f"static {shape.removeprefix('static nodes=')}"

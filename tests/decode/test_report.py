@@ -12,6 +12,7 @@ TREE = "dynamic:topk=8,depth=6,nodes=24"
 def test_shape_labels():
     assert shape_label("chain k=8") == "chain 8" and shape_label(TREE) == "tree 24"
     assert shape_label("static nodes=9") == "static 9" and shape_label(None) == ""
+    assert shape_label("dynamic:topk=4,depth=1,nodes=4") == "top-4"  # the root's top-k, one drafter call
 
 
 @pytest.mark.parametrize(("spec", "shape", "kind", "auto", "label"), [
