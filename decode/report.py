@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -205,6 +206,17 @@ def label_of(d: dict) -> str:
     return row_label(d["spec"], d.get("shape"), d.get("drafter_kind"), bool(d.get("auto")))
 
 
+def distinct_labels(ds: list[dict]) -> dict[str, str]:
+    """spec -> label_of, with the drafter's directory name added where two rows would read the same (two trained
+    EAGLE-3 drafters in one report: `eagle3 · chain 8 (e3-2500)`)."""
+    labels = {d["spec"]: label_of(d) for d in ds}
+    counts = Counter(labels.values())
+    for d in ds:
+        if counts[labels[d["spec"]]] > 1:
+            labels[d["spec"]] += f" ({Path(d['spec'].split('@')[0].rstrip('/')).name})"
+    return labels
+
+
 def per_conversation_tau(d: dict) -> list[float]:
     """τ of each conversation (all its turns) of a drafter entry, in first-seen order."""
     tok: dict[str, list[int]] = {}
@@ -301,7 +313,7 @@ def plot(report: dict, out: Path) -> list[Path]:
     from matplotlib.patches import Patch
 
     ds = report["drafters"]
-    labels = {d["spec"]: label_of(d) for d in ds}
+    labels = distinct_labels(ds)
     drafted = [d for d in ds if d["acceptance_by_depth"]]
     figs = []
 

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from decode.report import drafter_kind, label_of, per_conversation_tau, row_label, shape_label
+from decode.report import (
+    distinct_labels,
+    drafter_kind,
+    label_of,
+    per_conversation_tau,
+    row_label,
+    shape_label,
+)
 
 TREE = "dynamic:topk=8,depth=6,nodes=24"
 
@@ -42,3 +49,11 @@ def test_per_conversation_tau_sums_turns_of_a_conversation():
             {"id": "b", "new_tokens": 6, "target_forward_passes": 6},
             {"id": "a", "new_tokens": 2, "target_forward_passes": 3}]
     assert per_conversation_tau({"prompts": rows}) == [12 / 8, 1.0]
+
+
+def test_two_drafters_of_one_kind_get_distinct_labels():
+    ds = [{"spec": s, "shape": "chain k=8", "drafter_kind": "eagle3", "auto": None}
+          for s in ("runs/a/e3-2500", "recipes/x/drafters/eagle3/")]
+    ds.append({"spec": "ar", "shape": None, "drafter_kind": None, "auto": None})
+    assert distinct_labels(ds) == {"runs/a/e3-2500": "eagle3 · chain 8 (e3-2500)",
+                                   "recipes/x/drafters/eagle3/": "eagle3 · chain 8 (eagle3)", "ar": "AR"}
