@@ -228,6 +228,8 @@ def resolve(decode: cal.DecodeFn, target: Target, drafter: Drafter, spec: str, p
     key = cal.cache_key(cal.target_identity(target), str(target.dtype).removeprefix("torch."), depth, width,
                         cal.drafter_stamp(spec))
     entry = cal.load_cached(path, key) if path is not None else None
+    if entry is not None and entry.get("prompts", 0) < len(prompts):
+        entry = None  # measured on fewer prompts than this run calibrates on (a one-prompt `generate`): measure again
     cached = entry is not None
     if entry is None:
         entry = cal.measure_acceptance(decode, drafter, prompts, max_new_tokens, depth, width)

@@ -19,7 +19,7 @@ from torch import Tensor
 from decode.metrics import GenStats
 from decode.offload import add_offload_args, load_target_from_args
 from decode.policies import FixedPolicy, Policy, Round, capped, constant_cost, make_policy
-from decode.prompts import render_turn
+from decode.prompts import chat_calibration_turns, render_turn
 from decode.protocol import Budget, Drafter, TargetStep, layer_reuse, side_rows
 from decode.sampling import Rng, SamplingConfig, TorchRng, probs_from_logits
 from decode.target import Target, bf16_reason
@@ -226,13 +226,16 @@ def main(argv: list[str] | None = None) -> int:
     tok = target.tokenizer
     text, special = (args.prompt, True) if args.raw else render_turn(tok, (args.prompt,), [])
     ids = encode_prompt(target, text, special)
-    if shape is None:  # --tree auto: calibrate on this prompt (or read DRAFTER_DIR/calibration.json)
+    if shape is None:  # --tree auto: calibrate (or read DRAFTER_DIR/calibration.json)
         from decode.autoshape import pass_cost_curve, resolve
 
         def decode(d: Drafter, p: Tensor, n: int, s: Shape) -> GenStats:
             return generate(target, d, p, n, SamplingConfig(), s).stats
 
-        choice = resolve(decode, target, drafter, args.drafter, [ids], pass_cost_curve(target),
+        # a chat turn: on the bundled MT-bench first turns, one per category, as the benchmarks do (one short answer
+        # gives a handful of rounds: "What is the capital of France?" calibrated to 4 trials and chose chain k=1)
+        cal_prompts = [ids] if special else [encode_prompt(target, *render_turn(tok, t, [])) for t in chat_calibration_turns()]
+        choice = resolve(decode, target, drafter, args.drafter, cal_prompts, pass_cost_curve(target),
                          max_new_tokens=min(64, args.max_new_tokens), fallback=parse_shape("chain", args.draft_len))
         print(f"auto: {choice.describe()}", file=sys.stderr)
         shape = choice.shape

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_CATEGORY = "default"
+MT_BENCH = Path(__file__).resolve().parents[1] / "recipes/data/mt_bench_question.jsonl"  # bundled, 80 questions
 JSONL_SUFFIXES = (".jsonl", ".json")  # always parsed as jsonl: a bad line is an error, never a text prompt
 
 
@@ -57,6 +58,12 @@ def first_per_category(convs: list[Conversation], n: int) -> list[Conversation]:
         if counts[c.category] <= n:
             out.append(c)
     return out
+
+
+def chat_calibration_turns(n: int = 1) -> list[tuple[str]]:
+    """The first user turn of the first n MT-bench questions of each category (the bundled file): the prompts
+    `--tree auto` calibrates a chat drafter on when a run has no prompt list of its own (decode.generate)."""
+    return [c.turns[:1] for c in first_per_category(load_prompts(MT_BENCH), n)]
 
 
 def text_line(lineno: int, line: str) -> Conversation:

@@ -167,6 +167,13 @@ def test_resolve_calibrates_once_then_reads_the_cache_and_recalibrates_for_anoth
     # chosen shape may differ between the two calls — compare what the cache holds, not the choice
     assert not first.cached and again.cached and again.acceptance == first.acceptance and first.predicted is not None
     assert first.calibration.endswith("calibration/early-exit_3.json")
+    # a cache measured on one prompt does not serve a run that calibrates on two (then two prompts' does)
+    two = [ids, encode_prompt(stories, "Lily had a cat")]
+    more = resolve(decode_fn(stories), stories, make_drafter("early-exit:3", stories), "early-exit:3", two,
+                   pass_cost_curve(stories), **kw)
+    assert not more.cached
+    assert resolve(decode_fn(stories), stories, make_drafter("early-exit:3", stories), "early-exit:3", [ids],
+                   pass_cost_curve(stories), **kw).cached
     bf16 = Target.load(STORIES, dtype="bfloat16")
     other = resolve(decode_fn(bf16), bf16, make_drafter("early-exit:3", bf16), "early-exit:3",
                     [encode_prompt(bf16, "Once upon a time")], pass_cost_curve(bf16), **kw)
@@ -194,6 +201,24 @@ def test_generate_cli_tree_auto_prints_its_choice(capsys):
     assert main(args) == 0
     err = capsys.readouterr().err
     assert "dtype: float32" in err and "auto: " in err and "predicted tau" in err
+
+
+def test_generate_cli_tree_auto_calibrates_a_chat_turn_on_mt_bench_first_turns(chat_target_dir, monkeypatch, capsys):
+    import decode.autoshape as autoshape
+    from decode.generate import main
+
+    seen, real = [], autoshape.resolve
+
+    def spy(decode, target, drafter, spec, prompts, *args, **kwargs):
+        seen.append(len(prompts))
+        return real(decode, target, drafter, spec, prompts, *args, **kwargs)
+
+    monkeypatch.setattr(autoshape, "resolve", spy)
+    common = ["--max-new-tokens", "4", "--drafter", "early-exit:1", "--tree", "auto", "--dtype", "float32"]
+    assert main(["--target", str(chat_target_dir), "--prompt", "Hi", *common]) == 0
+    assert main(["--target", str(STORIES), "--prompt", "Once upon a time", "--raw", *common]) == 0
+    # a chat turn: the 8 bundled MT-bench first turns, one per category; raw text: its own prompt
+    assert seen == [8, 1]
 
 
 def test_dtype_auto_is_bf16_only_where_the_hardware_has_it(monkeypatch):
