@@ -58,6 +58,15 @@ def load_safetensors(path: str | os.PathLike, fix: str, device: str = "cpu") -> 
         raise UserError(f"{path}: not a readable safetensors file ({one_line(e)}); {fix}") from None
 
 
+def missing_target(path: str | os.PathLike, fetch: str = "smollm2-135m-instruct") -> bool:
+    """True, with one `error:` line on stderr, when the target directory a script needs is not there (the chat
+    target is fetched, never committed); scripts return 2 on it before loading anything."""
+    if Path(path).is_dir():
+        return False
+    print(f"error: target {path} not found; run `draftsmith fetch {fetch}` first", file=sys.stderr)
+    return True
+
+
 def one_line(e: BaseException) -> str:
     """An exception's message on one line (safetensors and yaml errors span several)."""
     return " ".join(str(e).split()) or type(e).__name__

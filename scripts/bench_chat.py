@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from decode.errors import missing_target
 from decode.evaluate import EvalConfig, evaluate, make_run, print_divergences
 from decode.prompts import Conversation, first_per_category, load_prompts
 from decode.report import write_report
@@ -116,9 +117,7 @@ def main(argv: list[str] | None = None) -> int:
 
     hf_logging.set_verbosity_error()  # HF assisted generation warns on every drafting call
     torch.set_num_threads(args.threads)
-    if not Path(args.target).is_dir():
-        print(f"error: target {args.target} not found; run `draftsmith fetch smollm2-135m-instruct` first",
-              file=sys.stderr)
+    if missing_target(args.target):
         return 2
     target = Target.load(args.target, dtype=args.dtype)
     dtype = str(target.dtype).removeprefix("torch.")

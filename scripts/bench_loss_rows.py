@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from decode.errors import missing_target
 from decode.target import Target
 from drafters.serving.checkpoint import drafter_kinds
 from drafters.trainable.losses import (
@@ -135,8 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    if not Path(args.target).is_dir():
-        print(f"error: target {args.target} not found; run `draftsmith fetch smollm2-135m-instruct` first", file=sys.stderr)
+    if missing_target(args.target):
         return 2
     target = Target.load(args.target, dtype="float32")
     kinds = args.kinds.split(",")

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from decode.errors import missing_target
 from decode.evaluate import EvalConfig, interleaved, make_run
 from decode.prompts import Conversation, first_per_category, load_prompts
 from decode.report import total_stats
@@ -51,9 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    if not Path(args.target).is_dir():
-        print(f"error: target {args.target} not found; run `draftsmith fetch smollm2-135m-instruct` first",
-              file=sys.stderr)
+    if missing_target(args.target):
         return 2
     target = Target.load(args.target, dtype=args.dtype)
     convs = first_per_category(load_prompts(args.prompts, None), args.per_category)

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 import drafters.trainable.losses as losses
+from decode.errors import missing_target
 from decode.target import Target
 from drafters.serving.checkpoint import drafter_kinds
 from train.config import TrainConfig, load_recipe
@@ -89,8 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the target's dtype")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    if not Path(args.target).is_dir():
-        print(f"error: target {args.target} not found; run `draftsmith fetch smollm2-135m-instruct` first", file=sys.stderr)
+    if missing_target(args.target):
         return 2
     target = Target.load(args.target, dtype=args.dtype)
     L = target.num_layers

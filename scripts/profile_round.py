@@ -25,6 +25,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from decode.costmodel import format_curve, measure_pass_cost
+from decode.errors import missing_target
 from decode.evaluate import EvalConfig, make_run
 from decode.generate import encode_prompt
 from decode.metrics import GenStats
@@ -86,9 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top", type=int, default=12, help="ops listed per SPEC")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    if not Path(args.target).is_dir():
-        print(f"error: target {args.target} not found; run `draftsmith fetch smollm2-135m-instruct` first",
-              file=sys.stderr)
+    if missing_target(args.target):
         return 2
     target = Target.load(args.target, dtype=args.dtype)
     cfg = EvalConfig(max_new_tokens=args.max_new_tokens)
