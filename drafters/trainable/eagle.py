@@ -245,11 +245,6 @@ class _Eagle(nn.Module):
         """unroll_states with every row's logits: [(logits [B, T, V'], state [B, T, H])] per step."""
         return [(self.head(x), x) for x in self.unroll_states(batch, steps, noise)]
 
-    def step(self, x: Tensor, emb: Tensor, positions: Tensor, ctx) -> tuple[Tensor, Tensor]:
-        """One draft step (decoding): x, emb [B, T, H] at positions [B, T] -> logits [B, T, V'], state [B, T, H]."""
-        out = self.advance(x, emb, positions, ctx)
-        return self.head(out), out
-
     @torch.no_grad()
     def position_accuracy(self, batch: dict, depth: int | None = None, topk: int = 1) -> list[float]:
         """Top-k agreement with the target's argmax per draft position 1..depth (conditional, see losses)."""
