@@ -271,8 +271,22 @@ def in_target_dtype(module: nn.Module, target: Target) -> nn.Module:
     return module.to(target.dtype) if target.dtype.is_floating_point else module
 
 
+# attribute on a target's model naming the LayerSkip-LoRA checkpoint whose adapters it carries, and its module
+LORA_OWNER = "_draftsmith_lora_owner"
+
+
 def load_as_drafter(target: Target, path: Path) -> Drafter | None:
-    """registry.DIR_LOADERS entry: a native checkpoint directory -> its decode-time drafter (None if not native)."""
+    """registry.DIR_LOADERS entry: a native checkpoint directory -> its decode-time drafter (None if not native).
+
+    A LayerSkip-LoRA checkpoint injects its adapters into the target's own modules, so one target carries one;
+    the same directory asked for again (a benchmark's chain, tree and auto rows) gets a new drafter on the
+    module already loaded (each drafter keeps its own KV cache; the adapters are only read)."""
     if read_meta(path) is None:
         return None
-    return in_target_dtype(load_drafter(path, target), target).drafter(name=str(path))
+    owner = getattr(target.model, LORA_OWNER, None)
+    if owner is not None and owner[0] == path.resolve():
+        return owner[1].drafter(name=str(path))
+    module = in_target_dtype(load_drafter(path, target), target)
+    if getattr(module, "adapters", None) is not None:
+        setattr(target.model, LORA_OWNER, (path.resolve(), module))
+    return module.drafter(name=str(path))

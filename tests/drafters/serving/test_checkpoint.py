@@ -101,6 +101,29 @@ def test_a_bf16_target_drafts_in_bf16_and_stays_lossless(tmp_path, kind):
         assert generate(target, d, PROMPT, 12).tokens == generate(target, ARDrafter(), PROMPT, 12).tokens
 
 
+def test_one_lora_directory_gives_several_drafters_on_one_target(tmp_path):
+    """A benchmark makes a chain, a tree and an auto row of one LayerSkip-LoRA directory on one target: the
+    second load reuses the adapters already injected (it raised 'already carries peft adapters'), each drafter
+    drafts what a drafter of its own would; another LoRA directory on that target is still refused."""
+    from drafters.sources.ar import ARDrafter
+
+    source = tiny_target("qwen3", seed=3)
+    module = build("layerskip-lora", source)
+    out = save_drafter(module, tmp_path / "ls")
+    other = save_drafter(build("layerskip-lora", tiny_target("qwen3", seed=3)), tmp_path / "ls2")
+    target = tiny_target("qwen3", seed=3)
+    first, second = make_drafter(str(out), target), make_drafter(str(out), target)
+    assert first is not second
+    shape = Shape("dynamic", topk=3, depth=3, nodes=8)
+    own = drafts(module, source, shape)
+    for d in (first, second):
+        rounds = record_rounds(d)
+        assert generate(target, d, PROMPT, 12, shape=shape).tokens == generate(target, ARDrafter(), PROMPT, 12).tokens
+        assert [t.tokens.tolist() for t in rounds] == own
+    with pytest.raises(ValueError, match="already carries peft adapters"):
+        make_drafter(str(other), target)
+
+
 def test_wrong_target_is_refused(tmp_path):
     out = save_drafter(build("medusa", tiny_target("qwen3")), tmp_path / "m")
     with pytest.raises(ValueError, match="hidden_size: drafter trained for 32, target has 48"):
