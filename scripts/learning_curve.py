@@ -11,12 +11,16 @@ is the drafter of an s-step run, and one run gives the whole curve:
     python -m train recipes/smollm2-135m/eagle3.yaml run_dir=runs/lc/e3-tokens data.max_records=3584 \\
         train.steps=869 train.schedule=constant train.save_every=54 train.keep_checkpoints=20 ...
     python scripts/learning_curve.py runs/lc/e3-steps runs/lc/e3-tokens --steps 125,250,500,1000,2000 --out runs/lc/curves
+    # a lever ablation: one run per lever; --base labels each run with the settings it changes
+    python scripts/learning_curve.py runs/abl/base runs/abl/noise-none --base runs/abl/base --chains 8 --out runs/abl/curves
 
 For every (run, step): the native drafter (train.snapshot), then greedy decoding of MT-bench first turns
 (`--per-category` of each of the 8 categories) as chains of each `--chains` length and the `--tree`, with
 τ and acceptance by depth (P(accepted >= d), decode.metrics). Each point is appended to OUT/points.jsonl
 as it finishes, so a rerun skips what is done; OUT/curve.md (the table) and OUT/curve.png (τ against
-steps and against trained tokens, and depth-2 / depth-1 against steps) are rewritten at the end.
+steps and against trained tokens, and depth-2 / depth-1 against steps) are rewritten at the end; with
+`--base RUN`, each run is labelled by the settings it changes against RUN (the table's "changes" column) and
+OUT/levers.png shows each run's last point as τ bars.
 """
 
 from __future__ import annotations
@@ -43,6 +47,9 @@ REPO = Path(__file__).resolve().parents[1]
 MT_BENCH = REPO / "recipes/data/mt_bench_question.jsonl"
 # The field's small-budget reference (speculators' EAGLE-3 examples: 5k samples x 5 epochs on 8B targets,
 # 3 draft tokens): tau 1.45-1.49, acceptance by position ~0.35 / 0.10 / 0.02 (issue 19's survey).
+# Settings that say where and how often a run reports, not what it trains: not a lever.
+BOOKKEEPING = ("run_dir", "train.save_every", "train.keep_checkpoints", "train.log_every", "train.report_to",
+               "train.eval_every", "train.eval_batches", "train.threads", "train.sim_")
 FIELD = {"label": "speculators EAGLE-3, 5k samples x 5 epochs, k=3", "tau": (1.45, 1.49), "by_depth": (0.35, 0.10, 0.02)}
 
 
@@ -55,6 +62,23 @@ def pick_steps(available: list[int], wanted: list[int] | None) -> list[int]:
     if not chosen:
         raise SystemExit(f"error: none of steps {wanted} has a checkpoint (saved: {available}); choose from those")
     return chosen
+
+
+def flatten(config: dict, prefix: str = "") -> dict[str, object]:
+    """A nested config as {dotted.key: value} (the form of the CLI's overrides)."""
+    out: dict[str, object] = {}
+    for k, v in config.items():
+        out.update(flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def lever(config: dict, base: dict) -> str:
+    """What a run changes against the base run, as `key=value` overrides (bookkeeping keys left out);
+    "(base)" for none."""
+    a, b = flatten(config), flatten(base)
+    diff = [f"{k}={a.get(k)}" for k in sorted(a.keys() | b.keys())
+            if a.get(k) != b.get(k) and not k.startswith(BOOKKEEPING)]
+    return ", ".join(diff) or "(base)"
 
 
 def trained_tokens(run_dir: Path, step: int) -> int | None:
@@ -98,17 +122,20 @@ def ratio(by_depth: list[float]) -> float | None:
 
 def write_table(points: list[dict], shapes: list[str], path: Path) -> str:
     """The markdown table of every point, run by run in step order."""
-    head = "| run | step | trained tokens | " + " | ".join(f"τ {s}" for s in shapes) + \
-        " | chain-8 acceptance by depth 1–3 | depth-2 / depth-1 |"
+    levers = any("lever" in p for p in points)
+    head = "| run | " + ("changes (vs the base run) | " if levers else "") + "step | trained tokens | " + \
+        " | ".join(f"τ {s}" for s in shapes) + " | chain-8 acceptance by depth 1–3 | depth-2 / depth-1 |"
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for p in sorted(points, key=lambda p: (p["run"], p["step"])):
         c8 = p["shapes"].get("chain-8", {}).get("by_depth", [])
         r = ratio(c8)
         tok = f"{p['trained_tokens']:,}" if p.get("trained_tokens") else "-"
-        lines.append(f"| {p['run']} | {p['step']} | {tok} | " + " | ".join(f"{p['shapes'][s]['tau']:.3f}" for s in shapes)
+        changes = f"{p.get('lever', '-')} | " if levers else ""
+        lines.append(f"| {p['run']} | {changes}{p['step']} | {tok} | " + " | ".join(f"{p['shapes'][s]['tau']:.3f}" for s in shapes)
                      + f" | {', '.join(f'{a:.3f}' for a in c8[:3])} | {'-' if r is None else f'{r:.2f}'} |")
     lo, hi = FIELD["tau"]
-    lines.append(f"| *{FIELD['label']}* | | | τ {lo}–{hi} (k=3) | | | "
+    taus = [f"τ {lo}–{hi} (k=3)"] + [""] * (len(shapes) - 1)  # under the first τ column, whatever the shapes
+    lines.append(f"| *{FIELD['label']}* | {'| ' if levers else ''}| | " + " | ".join(taus) + " | "
                  f"{', '.join(str(a) for a in FIELD['by_depth'])} | {FIELD['by_depth'][1] / FIELD['by_depth'][0]:.2f} |")
     text = "\n".join(lines) + "\n"
     path.write_text(text)
@@ -161,6 +188,40 @@ def plot(points: list[dict], shapes: list[str], path: Path) -> None:
     plt.close(fig)
 
 
+def plot_levers(points: list[dict], shapes: list[str], path: Path) -> None:
+    """A lever ablation at a glance: each run's last point as a horizontal τ bar per shape, labelled by what it
+    changes, with the base run's τ as a line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    last = {}
+    for p in sorted(points, key=lambda p: p["step"]):
+        last[p["run"]] = p
+    rows = sorted(last.values(), key=lambda p: p.get("lever") != "(base)")  # the base on top
+    labels = [(f"base: {p['run']}" if p.get("lever") == "(base)" else p.get("lever", p["run"])) + f" (step {p['step']})"
+              for p in rows]
+    fig, axes = plt.subplots(1, len(shapes), figsize=(5.5 * len(shapes), 0.5 * len(rows) + 1.4),
+                             sharey=True, constrained_layout=True, squeeze=False)
+    for ax, shape in zip(axes[0], shapes):
+        taus = [p["shapes"][shape]["tau"] for p in rows]
+        colors = ["grey" if p.get("lever") == "(base)" else "C0" for p in rows]
+        ax.barh(range(len(rows)), taus, color=colors)
+        for i, t in enumerate(taus):
+            ax.text(t, i, f" {t:.3f}", va="center", fontsize=8)
+        base = [p["shapes"][shape]["tau"] for p in rows if p.get("lever") == "(base)"]
+        if base:
+            ax.axvline(base[0], color="black", lw=0.8, ls="--")
+        ax.set_xlim(1.0, max(taus) * 1.08)
+        ax.set_title(f"τ {shape}")
+        ax.grid(axis="x", alpha=0.3)
+    axes[0][0].set_yticks(range(len(rows)), labels, fontsize=8)
+    axes[0][0].invert_yaxis()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", help="training run directories (checkpoints kept at the curve's steps)")
@@ -174,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tree", default="dynamic:topk=8,depth=6,nodes=24")
     ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--base", default="", help="a run directory: label each run with the settings it changes "
+                                               "against this one (a lever ablation's table)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     out = Path(args.out)
@@ -197,6 +260,11 @@ def main(argv: list[str] | None = None) -> int:
         run = next((Path(r) for r in args.runs if Path(r).name == p["run"]), None)
         if p.get("trained_tokens") is None and run is not None:
             p["trained_tokens"] = trained_tokens(run, p["step"])
+    base = yaml_of(Path(args.base)) if args.base else None
+    for p in points if base is not None else []:  # labels follow the --base of this call
+        run = next((Path(r) for r in args.runs if Path(r).name == p["run"]), None)
+        if run is not None:
+            p["lever"] = lever(yaml_of(run), base)
     convs = first_per_category(load_prompts(args.prompts), args.per_category)
     # 2. one target for every point; each drafter decodes the same first turns.
     target = Target.load(run_target(Path(args.runs[0])), dtype=args.dtype)
@@ -211,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         t = Target.load(run_target(run), dtype=args.dtype) if uses_lora(load_recipe(run / "config.yaml")) else target
         res = decode_point(t, snap, ids, shapes, args.max_new_tokens, draft_len_of)
         point = {"run": run.name, "step": step, "trained_tokens": trained_tokens(run, step), "shapes": res,
+                 **({"lever": lever(yaml_of(run), base)} if base is not None else {}),
                  "prompts": len(ids), "max_new_tokens": args.max_new_tokens, "dtype": str(target.dtype)}
         points.append(point)
         with log.open("a") as f:
@@ -219,15 +288,26 @@ def main(argv: list[str] | None = None) -> int:
     # 3. the table and the figure.
     print(write_table(points, list(shapes), out / "curve.md"))
     plot(points, list(shapes), out / "curve.png")
-    print(f"wrote {out / 'curve.md'} and {out / 'curve.png'}", file=sys.stderr)
+    if base is not None:
+        plot_levers([p for p in points if "lever" in p], list(shapes), out / "levers.png")
+    print(f"wrote {out / 'curve.md'} and {out / 'curve.png'}" + (" and levers.png" if base is not None else ""),
+          file=sys.stderr)
     return 0
+
+
+def yaml_of(run: Path) -> dict:
+    """A run's resolved config (its config.yaml); a directory without one is an error that says so."""
+    import yaml
+
+    path = run / "config.yaml"
+    if not path.exists():
+        raise SystemExit(f"error: {run} has no config.yaml: pass a training run directory")
+    return yaml.safe_load(path.read_text())
 
 
 def run_target(run: Path) -> str:
     """The target directory a run trained on (its config.yaml's `target`)."""
-    import yaml
-
-    return yaml.safe_load((run / "config.yaml").read_text())["target"]
+    return yaml_of(run)["target"]
 
 
 if __name__ == "__main__":

@@ -243,8 +243,10 @@ def smoke_args(name: str, tmp: Path, chat: Path, build: bool = True) -> tuple[li
                 "dynamic:topk=2,depth=2,nodes=3",
                 "--dtype",
                 "float32",
+                "--base",
+                str(tmp / "tiny/run"),
             ],
-            "depth-2 / depth-1",
+            "(base)",  # the run against itself: no lever
         ),
     }
     entry = table[name]

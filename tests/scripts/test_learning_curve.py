@@ -1,0 +1,50 @@
+"""scripts/learning_curve.py's ablation labels: a run is named by the settings it changes against the base."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def lc():
+    spec = importlib.util.spec_from_file_location("_learning_curve", REPO / "scripts/learning_curve.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules[spec.name]
+
+
+def test_lever_names_what_a_run_changes_and_skips_bookkeeping(lc):
+    base = {"run_dir": "runs/a", "train": {"steps": 300, "threads": 1, "save_every": 300, "sim_eval_prompts": 8},
+            "drafter": {"eagle3": {"noise": "gaussian", "ttt_steps": 3}}}
+    run = {"run_dir": "runs/b", "train": {"steps": 300, "threads": 2, "save_every": 100, "sim_eval_prompts": 0},
+           "drafter": {"eagle3": {"noise": "none", "ttt_steps": 5}}}
+    assert lc.lever(run, base) == "drafter.eagle3.noise=none, drafter.eagle3.ttt_steps=5"
+    assert lc.lever(base, base) == "(base)"
+    # a key only one side has is a change too (a newer config key, say)
+    assert lc.lever({**base, "extra": {"x": 1}}, base) == "extra.x=1"
+
+
+def test_table_gets_a_changes_column_only_with_levers(lc, tmp_path):
+    point = {"run": "r", "step": 4, "trained_tokens": 10,
+             "shapes": {"chain-8": {"tau": 1.5, "by_depth": [0.4, 0.1, 0.0]}, "tree": {"tau": 2.0, "by_depth": [0.6]}}}
+    plain = lc.write_table([point], ["chain-8", "tree"], tmp_path / "a.md").splitlines()
+    labelled = lc.write_table([{**point, "lever": "x=1"}], ["chain-8", "tree"], tmp_path / "b.md").splitlines()
+    assert "changes" not in plain[0] and "| r | x=1 | 4 | 10 | 1.500 | 2.000 |" in labelled[2]
+    for table in (plain, labelled):  # every row has the header's number of cells
+        assert len({line.count("|") for line in table}) == 1, table
+
+
+def test_lever_plot_is_written(lc, tmp_path):
+    def point(run, lever, tau):
+        return {"run": run, "step": 4, "lever": lever, "shapes": {"tree": {"tau": tau, "by_depth": [0.5]}}}
+
+    lc.plot_levers([point("b", "(base)", 1.8), point("n", "x=1", 1.7)], ["tree"], tmp_path / "levers.png")
+    assert (tmp_path / "levers.png").stat().st_size > 1000
