@@ -108,10 +108,13 @@ def decode_point(target: Target, drafter_dir: Path, ids: list[torch.Tensor], sha
     out = {}
     for name, tree in shapes.items():
         shape = parse_shape(tree, draft_len_of.get(name, 8))
-        total = GenStats()
+        total, per_prompt = GenStats(), []
         for x in ids:
-            total = total.merge(generate(target, drafter, x, max_new_tokens, SamplingConfig(), shape).stats)
-        out[name] = {"tau": total.tau, "by_depth": total.acceptance_by_depth, "new_tokens": total.new_tokens}
+            stats = generate(target, drafter, x, max_new_tokens, SamplingConfig(), shape).stats
+            total = total.merge(stats)
+            per_prompt.append(stats.tau)
+        out[name] = {"tau": total.tau, "by_depth": total.acceptance_by_depth, "new_tokens": total.new_tokens,
+                     "per_prompt": per_prompt}
     return out
 
 
@@ -120,11 +123,36 @@ def ratio(by_depth: list[float]) -> float | None:
     return by_depth[1] / by_depth[0] if len(by_depth) > 1 and by_depth[0] > 0 else None
 
 
+def paired_delta(run: list[float], base: list[float]) -> tuple[float, float]:
+    """Mean per-prompt τ difference run - base over the same prompts, and its standard error: the same prompts
+    decoded by two drafters differ less than two independent samples would, so this is the spread to read."""
+    d = torch.tensor(run, dtype=torch.float64) - torch.tensor(base, dtype=torch.float64)
+    se = d.std().item() / len(d) ** 0.5 if len(d) > 1 else float("nan")
+    return d.mean().item(), se
+
+
+def delta_text(p: dict, points: list[dict], shapes: list[str]) -> str:
+    """The 'Δ τ vs base' cell of a lever table: per shape, the paired difference to the base run's point at the
+    same step (else its last), where both carry per-prompt τ over the same number of prompts."""
+    base = sorted((q for q in points if q.get("lever") == "(base)"), key=lambda q: (q["step"] != p["step"], -q["step"]))
+    if p.get("lever") == "(base)" or not base:
+        return "-"
+    cells = []
+    for s in shapes:
+        a, b = p["shapes"][s].get("per_prompt"), base[0]["shapes"].get(s, {}).get("per_prompt")
+        if a and b and len(a) == len(b):
+            m, se = paired_delta(a, b)
+            cells.append(f"{s} {m:+.3f} ± {se:.3f}")
+    return "; ".join(cells) or "-"
+
+
 def write_table(points: list[dict], shapes: list[str], path: Path) -> str:
-    """The markdown table of every point, run by run in step order."""
+    """The markdown table of every point, run by run in step order (with levers: what each run changes and its
+    paired τ difference to the base run)."""
     levers = any("lever" in p for p in points)
     head = "| run | " + ("changes (vs the base run) | " if levers else "") + "step | trained tokens | " + \
-        " | ".join(f"τ {s}" for s in shapes) + " | chain-8 acceptance by depth 1–3 | depth-2 / depth-1 |"
+        " | ".join(f"τ {s}" for s in shapes) + " | chain-8 acceptance by depth 1–3 | depth-2 / depth-1 |" + \
+        (" Δ τ vs base (paired, ± SE over prompts) |" if levers else "")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for p in sorted(points, key=lambda p: (p["run"], p["step"])):
         c8 = p["shapes"].get("chain-8", {}).get("by_depth", [])
@@ -132,11 +160,13 @@ def write_table(points: list[dict], shapes: list[str], path: Path) -> str:
         tok = f"{p['trained_tokens']:,}" if p.get("trained_tokens") else "-"
         changes = f"{p.get('lever', '-')} | " if levers else ""
         lines.append(f"| {p['run']} | {changes}{p['step']} | {tok} | " + " | ".join(f"{p['shapes'][s]['tau']:.3f}" for s in shapes)
-                     + f" | {', '.join(f'{a:.3f}' for a in c8[:3])} | {'-' if r is None else f'{r:.2f}'} |")
+                     + f" | {', '.join(f'{a:.3f}' for a in c8[:3])} | {'-' if r is None else f'{r:.2f}'} |"
+                     + (f" {delta_text(p, points, shapes)} |" if levers else ""))
     lo, hi = FIELD["tau"]
     taus = [f"τ {lo}–{hi} (k=3)"] + [""] * (len(shapes) - 1)  # under the first τ column, whatever the shapes
     lines.append(f"| *{FIELD['label']}* | {'| ' if levers else ''}| | " + " | ".join(taus) + " | "
-                 f"{', '.join(str(a) for a in FIELD['by_depth'])} | {FIELD['by_depth'][1] / FIELD['by_depth'][0]:.2f} |")
+                 f"{', '.join(str(a) for a in FIELD['by_depth'])} | {FIELD['by_depth'][1] / FIELD['by_depth'][0]:.2f} |"
+                 + (" |" if levers else ""))
     text = "\n".join(lines) + "\n"
     path.write_text(text)
     return text

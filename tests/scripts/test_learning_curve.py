@@ -48,3 +48,16 @@ def test_lever_plot_is_written(lc, tmp_path):
 
     lc.plot_levers([point("b", "(base)", 1.8), point("n", "x=1", 1.7)], ["tree"], tmp_path / "levers.png")
     assert (tmp_path / "levers.png").stat().st_size > 1000
+
+
+def test_paired_delta_against_the_base_run(lc, tmp_path):
+    def point(run, lever, taus):
+        return {"run": run, "step": 4, "lever": lever,
+                "shapes": {"tree": {"tau": sum(taus) / len(taus), "by_depth": [0.5], "per_prompt": taus}}}
+
+    base, run = point("b", "(base)", [1.0, 2.0, 3.0]), point("n", "x=1", [1.1, 2.3, 3.2])
+    mean, se = lc.paired_delta([1.1, 2.3, 3.2], [1.0, 2.0, 3.0])
+    assert abs(mean - 0.2) < 1e-12 and abs(se - 0.1 / 3 ** 0.5) < 1e-12  # diffs 0.1, 0.3, 0.2: std 0.1
+    table = lc.write_table([base, run], ["tree"], tmp_path / "t.md").splitlines()
+    assert table[2].endswith("| - |") and table[3].endswith("| tree +0.200 ± 0.058 |"), table
+    assert len({line.count("|") for line in table}) == 1, table
