@@ -19,7 +19,8 @@ For every (run, step): the native drafter (train.snapshot), then greedy decoding
 τ and acceptance by depth (P(accepted >= d), decode.metrics). Each point is appended to OUT/points.jsonl
 as it finishes, so a rerun skips what is done; OUT/curve.md (the table) and OUT/curve.png (τ against
 steps and against trained tokens, and depth-2 / depth-1 against steps) are rewritten at the end; with
-`--base RUN`, each run is labelled by the settings it changes against RUN (the table's "changes" column) and
+`--base RUN`, each run is labelled by the settings it changes against RUN (the table's "changes" column, and
+its paired τ difference to RUN's point with the standard error over prompts) and
 OUT/levers.png shows each run's last point as τ bars.
 """
 
