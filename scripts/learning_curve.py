@@ -21,7 +21,12 @@ as it finishes, so a rerun skips what is done; OUT/curve.md (the table) and OUT/
 steps and against trained tokens, and depth-2 / depth-1 against steps) are rewritten at the end; with
 `--base RUN`, each run is labelled by the settings it changes against RUN (the table's "changes" column, and
 its paired τ difference to RUN's point with the standard error over prompts) and
-OUT/levers.png shows each run's last point as τ bars.
+OUT/levers.png shows each run's last point as τ bars. Each point stores its run's config, so a committed
+points.jsonl can serve a later ablation on the same data: `--reference FILE` joins its points (never
+re-evaluated) and `--base NAME` may name one of its runs:
+
+    python scripts/learning_curve.py runs/s32/ttt5 --reference recipes/smollm2-135m/curves/levers-noise-s31.points.jsonl \
+        --base abl-base --chains 8 --out runs/s32/levers
 """
 
 from __future__ import annotations
@@ -160,7 +165,8 @@ def write_table(points: list[dict], shapes: list[str], path: Path) -> str:
         r = ratio(c8)
         tok = f"{p['trained_tokens']:,}" if p.get("trained_tokens") else "-"
         changes = f"{p.get('lever', '-')} | " if levers else ""
-        lines.append(f"| {p['run']} | {changes}{p['step']} | {tok} | " + " | ".join(f"{p['shapes'][s]['tau']:.3f}" for s in shapes)
+        name = p["run"] + (f" (from {Path(p['reference']).name})" if p.get("reference") else "")
+        lines.append(f"| {name} | {changes}{p['step']} | {tok} | " + " | ".join(f"{p['shapes'][s]['tau']:.3f}" for s in shapes)
                      + f" | {', '.join(f'{a:.3f}' for a in c8[:3])} | {'-' if r is None else f'{r:.2f}'} |"
                      + (f" {delta_text(p, points, shapes)} |" if levers else ""))
     lo, hi = FIELD["tau"]
@@ -266,8 +272,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tree", default="dynamic:topk=8,depth=6,nodes=24")
     ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--base", default="", help="a run directory: label each run with the settings it changes "
-                                               "against this one (a lever ablation's table)")
+    ap.add_argument("--base", default="", help="a run directory, or the name of a --reference run: label each run "
+                                               "with the settings it changes against this one (a lever ablation)")
+    ap.add_argument("--reference", action="append", default=[], metavar="POINTS",
+                    help="an earlier points.jsonl (e.g. a committed one) whose points join the table and plots; "
+                         "repeatable. For an ablation against a run trained in another session on the same data")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     out = Path(args.out)
@@ -286,16 +295,19 @@ def main(argv: list[str] | None = None) -> int:
         plan += [(run, s) for s in pick_steps(saved, wanted)]
     log = out / "points.jsonl"
     points = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    own = {p["run"] for p in points} | {run.name for run, _ in plan}
+    points += [p for p in read_references(args.reference) if p["run"] not in own]  # this call's runs win
     done = {(p["run"], p["step"]) for p in points}
     for p in points:  # a count the run's checkpoints hold but an older version of this script did not read
         run = next((Path(r) for r in args.runs if Path(r).name == p["run"]), None)
         if p.get("trained_tokens") is None and run is not None:
             p["trained_tokens"] = trained_tokens(run, p["step"])
-    base = yaml_of(Path(args.base)) if args.base else None
+    base = base_config(args.base, points) if args.base else None
     for p in points if base is not None else []:  # labels follow the --base of this call
         run = next((Path(r) for r in args.runs if Path(r).name == p["run"]), None)
-        if run is not None:
-            p["lever"] = lever(yaml_of(run), base)
+        config = yaml_of(run) if run is not None else p.get("config")
+        if config is not None:
+            p["lever"] = lever(config, base)
     convs = first_per_category(load_prompts(args.prompts), args.per_category)
     # 2. one target for every point; each drafter decodes the same first turns.
     target = Target.load(run_target(Path(args.runs[0])), dtype=args.dtype)
@@ -310,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         t = Target.load(run_target(run), dtype=args.dtype) if uses_lora(load_recipe(run / "config.yaml")) else target
         res = decode_point(t, snap, ids, shapes, args.max_new_tokens, draft_len_of)
         point = {"run": run.name, "step": step, "trained_tokens": trained_tokens(run, step), "shapes": res,
+                 "config": yaml_of(run),  # the points file describes its runs: a later --reference reads it
                  **({"lever": lever(yaml_of(run), base)} if base is not None else {}),
                  "prompts": len(ids), "max_new_tokens": args.max_new_tokens, "dtype": str(target.dtype)}
         points.append(point)
@@ -324,6 +337,26 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {out / 'curve.md'} and {out / 'curve.png'}" + (" and levers.png" if base is not None else ""),
           file=sys.stderr)
     return 0
+
+
+def read_references(paths: list[str]) -> list[dict]:
+    """The points of earlier points.jsonl files, each marked `reference` (they are shown, never re-evaluated)."""
+    out = []
+    for path in map(Path, paths):
+        if not path.is_file():
+            raise SystemExit(f"error: --reference {path}: no such file (a points.jsonl this script wrote)")
+        out += [{**json.loads(line), "reference": str(path)} for line in path.read_text().splitlines() if line.strip()]
+    return out
+
+
+def base_config(base: str, points: list[dict]) -> dict:
+    """--base: a run directory's config.yaml, else the stored config of the reference run of that name."""
+    if Path(base, "config.yaml").exists() or "/" in base:
+        return yaml_of(Path(base))
+    config = next((p.get("config") for p in points if p["run"] == base and p.get("config")), None)
+    if config is None:
+        raise SystemExit(f"error: --base {base}: neither a run directory nor a --reference run with a stored config")
+    return config
 
 
 def yaml_of(run: Path) -> dict:

@@ -75,7 +75,7 @@ def build_draft_vocab(token_counts: Tensor, n: int) -> tuple[Tensor, Tensor]:
     return ids - torch.arange(n), t2d
 
 
-NOISE_KINDS = ("none", "gaussian", "uniform")
+NOISE_KINDS = ("none", "gaussian", "uniform", "relative")
 
 
 def check_noise(noise: str, noise_std: float) -> None:
@@ -87,15 +87,21 @@ def check_noise(noise: str, noise_std: float) -> None:
 
 
 def add_noise(x: Tensor, kind: str, std: float, generator: torch.Generator) -> Tensor:
-    """x + N(0, std^2) (gaussian) or + U(-std, std) (uniform), as speculators' AddGaussianNoise / AddUniformNoise.
+    """x + N(0, std^2) (gaussian) or + U(-std, std) (uniform), as speculators' AddGaussianNoise / AddUniformNoise;
+    relative: x * (1 + N(0, std^2)), each element moved by `std` of its own size.
 
+    Why relative: an absolute std means nothing across targets and layers (SmolLM2's captured states have an
+    RMS of 3 to 64 per element, so speculators' 0.05 moves them by 0.1-2%), and a per-row RMS scale would be
+    set by the few massive activations; a multiplicative draw perturbs every element by the same fraction.
     Drawn in float32 from `generator` (never the global RNG), then cast: the draws do not depend on x's dtype.
     [..] -> [..]
     """
-    if kind == "gaussian":
-        n = torch.randn(x.shape, generator=generator, device=x.device, dtype=torch.float32)
-    else:
+    if kind == "uniform":
         n = torch.rand(x.shape, generator=generator, device=x.device, dtype=torch.float32) * 2 - 1
+    else:
+        n = torch.randn(x.shape, generator=generator, device=x.device, dtype=torch.float32)
+    if kind == "relative":
+        return (x.float() * (1 + n * std)).to(x.dtype)
     return x + (n * std).to(x.dtype)
 
 
@@ -114,8 +120,8 @@ class Eagle3Config:
     intermediate_size: int = 0  # FFN width of the draft layer; 0 = the target's
     ttt_steps: int = 7  # training-time test: steps unrolled on the drafter's own states (K)
     step_decay: float = 0.8  # loss weight decay^k of unrolled step k (1.0: equal weights, speculators)
-    noise: Literal["none", "gaussian", "uniform"] = "none"  # noise on the capture states while training only
-    noise_std: float = 0.05  # gaussian: its std; uniform: its half-width (U(-std, std)); speculators: gaussian 0.05
+    noise: Literal["none", "gaussian", "uniform", "relative"] = "none"  # noise on the capture states, training only
+    noise_std: float = 0.05  # gaussian: std; uniform: half-width; relative: x*(1+N(0,std²)); speculators: gaussian 0.05
     freeze_head: bool = False  # LM head rows and final norm stay the target's copies, frozen (speculators)
 
     def __post_init__(self) -> None:
@@ -146,8 +152,8 @@ class Eagle1Config:
 
     intermediate_size: int = 0  # FFN width of the draft layer; 0 = the target's
     ce_weight: float = 0.1  # weight of the soft CE against the regression (EAGLE-1: 0.1)
-    noise: Literal["none", "gaussian", "uniform"] = "none"  # noise on the input feature while training only
-    noise_std: float = 0.05  # gaussian: its std; uniform: its half-width (U(-std, std))
+    noise: Literal["none", "gaussian", "uniform", "relative"] = "none"  # noise on the input feature, training only
+    noise_std: float = 0.05  # gaussian: std; uniform: half-width (U(-std, std)); relative: x*(1+N(0,std²))
     feature_noise: float = 0.0  # old spelling of noise=uniform, noise_std=a/2 (U(-a/2, a/2)); kept so old configs load
     eval_depth: int = 7  # draft positions `position_accuracy` reports by default
 

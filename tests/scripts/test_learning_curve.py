@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -61,3 +62,28 @@ def test_paired_delta_against_the_base_run(lc, tmp_path):
     table = lc.write_table([base, run], ["tree"], tmp_path / "t.md").splitlines()
     assert table[2].endswith("| - |") and table[3].endswith("| tree +0.200 ± 0.058 |"), table
     assert len({line.count("|") for line in table}) == 1, table
+
+
+def test_reference_points_serve_as_the_base_of_a_later_ablation(lc, tmp_path):
+    base_cfg = {"run_dir": "runs/a", "drafter": {"eagle3": {"ttt_steps": 3}}}
+    ref = tmp_path / "old.points.jsonl"
+    ref.write_text(json.dumps({"run": "a", "step": 4, "config": base_cfg,
+                               "shapes": {"tree": {"tau": 1.5, "by_depth": [0.5], "per_prompt": [1.0, 2.0]}}}) + "\n")
+    (points,) = lc.read_references([str(ref)])
+    assert points["reference"] == str(ref)
+    assert lc.base_config("a", [points]) == base_cfg  # a name: the reference run's stored config
+    run_dir = tmp_path / "runs/b"
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text("run_dir: runs/b\ndrafter:\n  eagle3:\n    ttt_steps: 5\n")
+    assert lc.base_config(str(run_dir), [points])["drafter"]["eagle3"]["ttt_steps"] == 5  # a directory: its yaml
+    for bad in ("nope", str(tmp_path / "missing")):
+        with pytest.raises(SystemExit, match="--base|config.yaml"):
+            lc.base_config(bad, [points])
+    with pytest.raises(SystemExit, match="no such file"):
+        lc.read_references([str(tmp_path / "none.jsonl")])
+    new = {"run": "b", "step": 4, "lever": lc.lever({"run_dir": "runs/b", "drafter": {"eagle3": {"ttt_steps": 5}}},
+                                                     base_cfg),
+           "shapes": {"tree": {"tau": 1.75, "by_depth": [0.5], "per_prompt": [1.5, 2.0]}}}
+    table = lc.write_table([{**points, "lever": "(base)"}, new], ["tree"], tmp_path / "t.md").splitlines()
+    assert table[2].startswith("| a (from old.points.jsonl) | (base) |"), table
+    assert table[3].startswith("| b | drafter.eagle3.ttt_steps=5 |") and "tree +0.250 ± 0.250" in table[3], table

@@ -63,12 +63,20 @@ def test_noise_draws():
         torch.zeros(20000, dtype=torch.bfloat16), "gaussian", 0.05, torch.Generator().manual_seed(0)
     )
     assert b.dtype == torch.bfloat16 and torch.equal(b, n.to(torch.bfloat16))
+    # relative: each element moved by std of its own size; zeros stay zeros, the same draws as gaussian
+    x = torch.cat([torch.zeros(10000), torch.full((10000,), 2.0), torch.full((10000,), -60.0)])
+    r = add_noise(x, "relative", 0.05, torch.Generator().manual_seed(0))
+    assert torch.equal(r[:10000], x[:10000])
+    assert float((r[10000:20000] / 2 - 1).std()) == pytest.approx(0.05, rel=0.05)
+    assert float((r[20000:] / -60 - 1).std()) == pytest.approx(0.05, rel=0.05)
+    g = add_noise(torch.zeros(30000), "gaussian", 0.05, torch.Generator().manual_seed(0))
+    torch.testing.assert_close(r, x * (1 + g))
 
 
-@pytest.mark.parametrize("kind", ["eagle3", "eagle1"])
-def test_noise_changes_training_only_and_is_seeded(kind):
+@pytest.mark.parametrize("kind,noise", [("eagle3", "gaussian"), ("eagle1", "gaussian"), ("eagle3", "relative")])
+def test_noise_changes_training_only_and_is_seeded(kind, noise):
     t = tiny_target()
-    noisy, plain = eagle(kind, t, noise="gaussian", noise_std=0.5), eagle(kind, t)
+    noisy, plain = eagle(kind, t, noise=noise, noise_std=0.5), eagle(kind, t)
     batch = make_batch(t, random_sequences(t, 2, 12), noisy.feature_ids())
     rng = torch.get_rng_state()
     loss = [float(noisy(batch, 3)[0]) for _ in range(2)]  # two micro-batches of step 3
@@ -76,9 +84,9 @@ def test_noise_changes_training_only_and_is_seeded(kind):
     clean = float(plain(batch, 3)[0])
     assert loss[0] != clean and loss[1] != loss[0]
     # the same seed draws the same noise (step 3, first then second call); another seed does not
-    again = eagle(kind, t, noise="gaussian", noise_std=0.5)
+    again = eagle(kind, t, noise=noise, noise_std=0.5)
     assert [float(again(batch, 3)[0]) for _ in range(2)] == loss
-    assert float(eagle(kind, t, seed=1, noise="gaussian", noise_std=0.5)(batch, 3)[0]) != loss[0]
+    assert float(eagle(kind, t, seed=1, noise=noise, noise_std=0.5)(batch, 3)[0]) != loss[0]
     # eval and decoding never see it
     noisy.eval(), plain.eval()
     assert float(noisy(batch, 3)[0]) == clean
