@@ -241,17 +241,23 @@ def plot_levers(points: list[dict], shapes: list[str], path: Path) -> None:
               for p in rows]
     fig, axes = plt.subplots(1, len(shapes), figsize=(5.5 * len(shapes), 0.5 * len(rows) + 1.4),
                              sharey=True, constrained_layout=True, squeeze=False)
+    base_pt = next((p for p in rows if p.get("lever") == "(base)"), None)
     for ax, shape in zip(axes[0], shapes):
         taus = [p["shapes"][shape]["tau"] for p in rows]
         colors = ["grey" if p.get("lever") == "(base)" else "C0" for p in rows]
-        ax.barh(range(len(rows)), taus, color=colors)
-        for i, t in enumerate(taus):
-            ax.text(t, i, f" {t:.3f}", va="center", fontsize=8)
+        # whiskers: the paired difference's standard error over prompts (does the lever move τ at all?)
+        ref = (base_pt or {}).get("shapes", {}).get(shape, {}).get("per_prompt") or []
+        errs = [paired_delta(pp, ref)[1] if p is not base_pt and (pp := p["shapes"][shape].get("per_prompt"))
+                and len(pp) == len(ref) > 1 else 0.0 for p in rows]
+        ax.barh(range(len(rows)), taus, color=colors, xerr=errs, capsize=3)
+        for i, (t, e) in enumerate(zip(taus, errs)):
+            ax.text(t + e, i, f" {t:.3f}", va="center", fontsize=8)
         base = [p["shapes"][shape]["tau"] for p in rows if p.get("lever") == "(base)"]
         if base:
             ax.axvline(base[0], color="black", lw=0.8, ls="--")
         ax.set_xlim(1.0, max(taus) * 1.08)
         ax.set_title(f"τ {shape}")
+        ax.set_xlabel("whiskers: ± SE of the paired τ difference to the base, over prompts", fontsize=8)
         ax.grid(axis="x", alpha=0.3)
     axes[0][0].set_yticks(range(len(rows)), labels, fontsize=8)
     axes[0][0].invert_yaxis()

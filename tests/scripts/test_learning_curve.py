@@ -44,10 +44,13 @@ def test_table_gets_a_changes_column_only_with_levers(lc, tmp_path):
 
 
 def test_lever_plot_is_written(lc, tmp_path):
-    def point(run, lever, tau):
-        return {"run": run, "step": 4, "lever": lever, "shapes": {"tree": {"tau": tau, "by_depth": [0.5]}}}
+    def point(run, lever, tau, per_prompt=None):
+        return {"run": run, "step": 4, "lever": lever,
+                "shapes": {"tree": {"tau": tau, "by_depth": [0.5], **({"per_prompt": per_prompt} if per_prompt else {})}}}
 
-    lc.plot_levers([point("b", "(base)", 1.8), point("n", "x=1", 1.7)], ["tree"], tmp_path / "levers.png")
+    # with per-prompt τ (whiskers: the paired SE), and a run without them (an older point: no whisker)
+    lc.plot_levers([point("b", "(base)", 1.8, [1.7, 1.9]), point("n", "x=1", 1.7, [1.5, 1.9]), point("o", "y=2", 1.6)],
+                   ["tree"], tmp_path / "levers.png")
     assert (tmp_path / "levers.png").stat().st_size > 1000
 
 
