@@ -318,8 +318,9 @@ def main(argv: list[str] | None = None) -> int:
     # 2. one target for every point; each drafter decodes the same first turns.
     target = Target.load(run_target(Path(args.runs[0])), dtype=args.dtype)
     ids = prompts(target, convs)
-    print(f"{len(plan)} points, {len(convs)} prompts x {args.max_new_tokens} tokens, {target.dtype}, shapes {shapes}",
-          file=sys.stderr)
+    todo = sum((run.name, step) not in done for run, step in plan)
+    print(f"{todo} of {len(plan)} points to decode ({len(points)} read), {len(convs)} prompts x "
+          f"{args.max_new_tokens} tokens, {target.dtype}, shapes {shapes}", file=sys.stderr)
     for run, step in plan:
         if (run.name, step) in done:
             continue
