@@ -328,9 +328,9 @@ def main(argv: list[str] | None = None) -> int:
         # a LayerSkip-LoRA drafter adapts the target it is built on: a fresh target for each of those
         t = Target.load(run_target(run), dtype=args.dtype) if uses_lora(load_recipe(run / "config.yaml")) else target
         res = decode_point(t, snap, ids, shapes, args.max_new_tokens, draft_len_of)
+        config = yaml_of(run)  # stored: the points file describes its runs, and a later --reference reads it
         point = {"run": run.name, "step": step, "trained_tokens": trained_tokens(run, step), "shapes": res,
-                 "config": yaml_of(run),  # the points file describes its runs: a later --reference reads it
-                 **({"lever": lever(yaml_of(run), base)} if base is not None else {}),
+                 "config": config, **({"lever": lever(config, base)} if base is not None else {}),
                  "prompts": len(ids), "max_new_tokens": args.max_new_tokens, "dtype": str(target.dtype)}
         points.append(point)
         with log.open("a") as f:
