@@ -19,10 +19,11 @@ from torch import Tensor
 from decode.metrics import GenStats
 from decode.offload import add_offload_args, load_target_from_args
 from decode.policies import FixedPolicy, Policy, Round, capped, constant_cost, make_policy
+from decode.precision import bf16_reason
 from decode.prompts import chat_calibration_turns, render_turn
 from decode.protocol import Budget, Drafter, TargetStep, layer_reuse, side_rows
 from decode.sampling import Rng, SamplingConfig, TorchRng, probs_from_logits
-from decode.target import Target, bf16_reason
+from decode.target import Target
 from decode.tree import Shape, parse_shape
 from decode.verify import LazyRows, child_rows, verify_greedy, verify_sampling
 

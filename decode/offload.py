@@ -39,7 +39,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from decode.target import DTYPES, Target, local_config, resolve_dtype, resolve_model_path
+from decode.precision import resolve_dtype
+from decode.target import DTYPES, Target, local_config, resolve_model_path
 
 OFFLOAD_MODES = ("none", "cpu", "disk")
 

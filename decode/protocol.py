@@ -7,8 +7,9 @@ from typing import Protocol, runtime_checkable
 
 from torch import Tensor
 
+from decode.kvcache import KVCache
 from decode.sampling import Rng, SamplingConfig
-from decode.target import KVCache, LayerReuse, SideRows
+from decode.target import LayerReuse, SideRows
 from decode.tree import DraftTree, Shape
 
 

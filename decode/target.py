@@ -21,65 +21,12 @@ from safetensors import SafetensorError, safe_open
 from torch import Tensor, nn
 
 from decode.errors import UserError, one_line, read_json
+from decode.kvcache import KVCache
+from decode.precision import resolve_dtype
 from decode.tree import DraftTree, ancestor_matrix, tree_attention_mask, tree_depths
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
-
-
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags (Linux /proc/cpuinfo; empty elsewhere)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    line = next((ln for ln in text.splitlines() if ln.startswith("flags")), "")
-    return set(line.partition(":")[2].split())
-
-
-def has_bf16(device: str | torch.device = "cpu") -> bool:
-    """bf16 arithmetic in hardware: a CUDA device with bf16, or a CPU with avx512_bf16 or AMX-bf16."""
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    return dev.type == "cpu" and bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
-
-
-# Below this many parameters a model's fp32 weights stay in the CPU's caches and a decode step is latency-bound:
-# bf16 kernels then cost more per call than they save (stories260K: a 1-token verify pass 1.11 ms in bf16 vs
-# 0.63 in fp32, one MLP matmul 26 vs 2 us); above it, bf16 halves the bytes each step streams (SmolLM2-135M:
-# AR 35 vs 25 tok/s).
-MIN_BF16_PARAMS = 16_000_000
-
-
-def approx_params(config: dict) -> int:
-    """Parameters of a decoder-only LM from its config.json: embeddings + per layer attention and MLP."""
-    h, layers = int(config.get("hidden_size", 0)), int(config.get("num_hidden_layers", 0))
-    inter = int(config.get("intermediate_size", 4 * h))
-    return int(config.get("vocab_size", 0)) * h + layers * (4 * h * h + 3 * h * inter)
-
-
-def resolve_dtype(dtype: str, device: str | torch.device = "cpu", config: dict | None = None) -> str:
-    """`auto` -> bfloat16 where the hardware has bf16 (about 4x fp32's GEMM rate on this CPU) and the model is
-    big enough to gain from it (`config`: its config.json; None = assume so), else float32.
-
-    Lossless tests and bit-exact comparisons pin float32: bf16 greedy output can leave AR's at near-ties.
-    """
-    if dtype != "auto":
-        return dtype
-    small = config is not None and torch.device(device).type == "cpu" and approx_params(config) < MIN_BF16_PARAMS
-    return "bfloat16" if has_bf16(device) and not small else "float32"
-
-
-def bf16_reason(device: str | torch.device, config: dict | None) -> str:
-    """Why `auto` chose what it did for this model on this device (decode.target.resolve_dtype's rule)."""
-    if not has_bf16(device):
-        return "no bf16 in hardware"
-    if resolve_dtype("auto", device, config) == "float32":
-        return f"bf16 in hardware, but fp32 is faster for a model under {MIN_BF16_PARAMS // 1_000_000}M parameters"
-    if torch.device(device).type == "cuda":
-        return "cuda has bf16"
-    return "cpu has " + next(f for f in ("amx_bf16", "avx512_bf16") if f in cpu_flags())
 
 
 def local_config(name_or_path: str | os.PathLike) -> dict | None:
@@ -93,70 +40,6 @@ def local_config(name_or_path: str | os.PathLike) -> dict | None:
 
 class LayoutError(ValueError):
     """The model does not have the standard `model.model.{embed_tokens,layers,norm,rotary_emb}` + `lm_head` layout."""
-
-
-class KVCache:
-    """Preallocated K/V buffers, one length per layer; HF attention modules call `update`.
-
-    Per-layer lengths let a drafter that runs only layers [0, K) (early exit) append draft tokens
-    to those layers while the deeper layers stay at the committed length. Buffers grow by doubling.
-    """
-
-    def __init__(self, num_layers: int) -> None:
-        self.keys: list[Tensor | None] = [None] * num_layers
-        self.values: list[Tensor | None] = [None] * num_layers
-        self.lens: list[int] = [0] * num_layers
-
-    def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args, **kwargs) -> tuple[Tensor, Tensor]:
-        # key_states: [B, kv_heads, T, head_dim]
-        n, t = self.lens[layer_idx], key_states.shape[2]
-        self._reserve(layer_idx, key_states, n + t)
-        k, v = self.keys[layer_idx], self.values[layer_idx]
-        k[:, :, n : n + t] = key_states
-        v[:, :, n : n + t] = value_states
-        self.lens[layer_idx] = n + t
-        return k[:, :, : n + t], v[:, :, : n + t]
-
-    def _reserve(self, i: int, like: Tensor, need: int) -> None:
-        buf = self.keys[i]
-        if buf is not None and buf.shape[2] >= need:
-            return
-        cap = max(need, 64 if buf is None else 2 * buf.shape[2])
-        shape = (like.shape[0], like.shape[1], cap, like.shape[3])
-        new_k, new_v = like.new_empty(shape), like.new_empty(shape)
-        if buf is not None:
-            n = self.lens[i]
-            new_k[:, :, :n] = buf[:, :, :n]
-            new_v[:, :, :n] = self.values[i][:, :, :n]
-        self.keys[i], self.values[i] = new_k, new_v
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self.lens[layer_idx]
-
-    def crop(self, length: int, layers: range | None = None) -> None:
-        """Forget everything past `length` tokens (in the given layers, default all)."""
-        for i in layers if layers is not None else range(len(self.lens)):
-            self.lens[i] = min(self.lens[i], length)
-
-    def compact(self, start: int, keep: Tensor) -> None:
-        """Keep positions `start + keep` (in order) right after the first `start` tokens, drop the rest.
-
-        Used after verification: the accepted root-to-node path of a tree is moved into place.
-        """
-        idx = keep.tolist()
-        m = len(idx)
-        # AR rounds and accepted chain prefixes keep 0..m-1: already in place, a crop is enough
-        in_place = idx == list(range(m))
-        for i, n in enumerate(self.lens):
-            if n <= start:
-                continue
-            if start + max(idx, default=-1) >= n:
-                raise IndexError(f"layer {i}: cannot keep position {start + max(idx)} of {n} cached tokens")
-            if not in_place:
-                src = keep.to(self.keys[i].device) + start
-                for buf in (self.keys[i], self.values[i]):
-                    buf[:, :, start : start + m] = buf[:, :, src]
-            self.lens[i] = start + m
 
 
 @dataclass

@@ -38,8 +38,9 @@ from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+from decode.precision import has_bf16  # noqa: E402
 from decode.prompts import load_prompts  # noqa: E402
-from decode.target import Target, has_bf16  # noqa: E402
+from decode.target import Target  # noqa: E402
 from drafters.serving.checkpoint import drafter_kinds  # noqa: E402
 from drafters.serving.vllm_env import cpu_head_dim_ok, find_engine_python, run_worker, vllm_in_this_env  # noqa: E402
 from train.config import load_recipe  # noqa: E402

@@ -60,7 +60,7 @@ class FeaturesConfig:
     topk: int = 0  # store the target's k most likely next tokens + probs per position (0 = don't)
     shard_size: int = 64  # sequences per shard (a shard is held in memory until written)
     batch_size: int = 8  # sequences per target forward during extraction
-    target_dtype: str = "auto"  # frozen target's dtype: auto (decode.target.resolve_dtype) | float32 | bfloat16 | float16
+    target_dtype: str = "auto"  # frozen target's dtype: auto (decode.precision.resolve_dtype) | float32 | bfloat16 | float16
     attn: str = "sdpa"  # attention implementation of the target (sdpa | eager)
 
     def __post_init__(self) -> None:
@@ -90,7 +90,7 @@ class TrainConfig:
     min_lr_ratio: float = 0.1  # final lr as a fraction of lr (cosine and linear)
     max_grad_norm: float = 0.5  # clip the global gradient norm (0 = off)
     mixed_precision: Literal["auto", "no", "bf16"] = "auto"  # bf16 autocast of the drafter (fp32 weights and
-    # optimizer state); auto = bf16 where decode.target.resolve_dtype picks it, else no
+    # optimizer state); auto = bf16 where decode.precision.resolve_dtype picks it, else no
     eval_every: int = 100  # evaluate on held-out data every N steps (0 = only at the end)
     eval_batches: int = 8  # held-out batches for the loss, accuracies and teacher-forced τ estimate
     tree_width: int = 4  # top-w accuracy used for the teacher-forced tree τ estimate

@@ -53,7 +53,8 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from decode.target import Target, bf16_reason, local_config, resolve_dtype
+from decode.precision import bf16_reason, resolve_dtype
+from decode.target import Target, local_config
 from train.batch import collate
 from train.cache import CacheError, FeatureCache, check_existing, shard_name, write_index, write_shard
 from train.config import FeaturesConfig, Recipe, dump_config, load_recipe, with_feature_ids
@@ -134,14 +135,14 @@ class OnlineFeatures:
 
 
 def load_target(recipe: Recipe, device: str | torch.device = "cpu") -> Target:
-    """The frozen target in features.target_dtype (`auto`: decode.target.resolve_dtype)."""
+    """The frozen target in features.target_dtype (`auto`: decode.precision.resolve_dtype)."""
     fc = recipe.features
     return Target.load(recipe.target, dtype=fc.target_dtype, attn=fc.attn, device=str(device))
 
 
 def resolve_precision(recipe: Recipe, device: str | torch.device = "cpu") -> tuple[Recipe, str]:
     """The recipe with its `auto` precisions made concrete for `device` and the target (the frozen target's
-    dtype, the drafter's autocast: both bf16 where decode.target.resolve_dtype picks it), and the one line
+    dtype, the drafter's autocast: both bf16 where decode.precision.resolve_dtype picks it), and the one line
     that says what was chosen and why."""
     config = local_config(recipe.target)
     why = bf16_reason(device, config)

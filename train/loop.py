@@ -25,7 +25,7 @@ from safetensors import SafetensorError
 from torch import nn
 
 from decode.errors import UserError, one_line
-from decode.target import resolve_dtype
+from decode.precision import resolve_dtype
 from drafters.trainable.losses import simulated_chain_tau as simulated_tau
 from train.config import TrainConfig, dump_config
 from train.dataset import make_loader

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim._muon import _adjust_lr
 
-from decode.target import has_bf16
+from decode.precision import has_bf16
 from train.config import TrainConfig
 
 # 2-D parameters that stay on AdamW: vocabulary matrices (per-token rows), by parameter name

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from decode.target import KVCache
+from decode.kvcache import KVCache
 
 
 @dataclass(frozen=True)

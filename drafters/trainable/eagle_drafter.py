@@ -16,8 +16,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from decode.kvcache import KVCache
 from decode.protocol import Budget, TargetStep
-from decode.target import KVCache, causal_mask
+from decode.target import causal_mask
 from decode.tree import DraftTree, grow
 from drafters.common import Scratch, sampler
 from drafters.trainable.draft_layer import CacheContext

@@ -222,7 +222,8 @@ def test_generate_cli_tree_auto_calibrates_a_chat_turn_on_mt_bench_first_turns(c
 
 
 def test_dtype_auto_is_bf16_only_where_the_hardware_has_it(monkeypatch):
-    import decode.target as t
+    import decode.precision as t
+    from decode.target import local_config
 
     assert t.resolve_dtype("float32") == "float32" and t.resolve_dtype("bfloat16") == "bfloat16"
     monkeypatch.setattr(t, "cpu_flags", lambda: {"avx2", "fma"})
@@ -232,6 +233,6 @@ def test_dtype_auto_is_bf16_only_where_the_hardware_has_it(monkeypatch):
     monkeypatch.setattr(t, "cpu_flags", lambda: {"amx_bf16"})
     assert t.resolve_dtype("auto", "cpu") == "bfloat16"
     # a model whose fp32 weights stay in cache is faster in fp32 (stories260K), a 135M one in bf16
-    assert t.resolve_dtype("auto", "cpu", t.local_config(STORIES)) == "float32"
+    assert t.resolve_dtype("auto", "cpu", local_config(STORIES)) == "float32"
     smollm2 = {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "vocab_size": 49152}
     assert t.approx_params(smollm2) > t.MIN_BF16_PARAMS and t.resolve_dtype("auto", "cpu", smollm2) == "bfloat16"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decode.target import KVCache
+from decode.kvcache import KVCache
 
 
 def filled(n: int) -> KVCache:

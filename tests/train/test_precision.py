@@ -1,4 +1,4 @@
-"""`auto` precision for training: the frozen target and the drafter's autocast follow decode.target.resolve_dtype
+"""`auto` precision for training: the frozen target and the drafter's autocast follow decode.precision.resolve_dtype
 (bf16 where the hardware has it and the model is big enough to gain), and the run says what it chose."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import decode.target
+import decode.precision
 from train.config import load_recipe
 from train.features import resolve_precision
 
@@ -20,7 +20,7 @@ def cpu(monkeypatch):
     """Set this machine's CPU flags for the test."""
 
     def set_flags(*flags: str) -> None:
-        monkeypatch.setattr(decode.target, "cpu_flags", lambda: set(flags))  # the one rule reads them there
+        monkeypatch.setattr(decode.precision, "cpu_flags", lambda: set(flags))  # the one rule reads them there
 
     return set_flags
 
