@@ -54,7 +54,7 @@ MT_BENCH = REPO / "recipes/data/mt_bench_question.jsonl"
 # The field's small-budget reference (speculators' EAGLE-3 examples: 5k samples x 5 epochs on 8B targets,
 # 3 draft tokens): tau 1.45-1.49, acceptance by position ~0.35 / 0.10 / 0.02 (issue 19's survey).
 # Settings that say where and how often a run reports, not what it trains: not a lever.
-BOOKKEEPING = ("run_dir", "train.save_every", "train.keep_checkpoints", "train.log_every", "train.report_to",
+BOOKKEEPING = ("run_dir", "name", "train.save_every", "train.keep_checkpoints", "train.log_every", "train.report_to",
                "train.eval_every", "train.eval_batches", "train.threads", "train.sim_")
 FIELD = {"label": "speculators EAGLE-3, 5k samples x 5 epochs, k=3", "tau": (1.45, 1.49), "by_depth": (0.35, 0.10, 0.02)}
 
@@ -80,10 +80,14 @@ def flatten(config: dict, prefix: str = "") -> dict[str, object]:
 
 def lever(config: dict, base: dict) -> str:
     """What a run changes against the base run, as `key=value` overrides (bookkeeping keys left out);
-    "(base)" for none."""
+    "(base)" for none. Another drafter kind is one change, `drafter.kind=K (its drafter.K section)`: the two
+    kinds' sections have different keys, so comparing them key by key would only list both."""
     a, b = flatten(config), flatten(base)
-    diff = [f"{k}={a.get(k)}" for k in sorted(a.keys() | b.keys())
-            if a.get(k) != b.get(k) and not k.startswith(BOOKKEEPING)]
+    kind, base_kind = a.get("drafter.kind"), b.get("drafter.kind")
+    other = (f"drafter.{kind}.", f"drafter.{base_kind}.") if kind != base_kind else ()
+    diff = [f"{k}={a.get(k)}" + (f" (its drafter.{kind} section)" if k == "drafter.kind" and other else "")
+            for k in sorted(a.keys() | b.keys())
+            if a.get(k) != b.get(k) and not k.startswith(BOOKKEEPING) and not (other and k.startswith(other))]
     return ", ".join(diff) or "(base)"
 
 
@@ -149,7 +153,8 @@ def delta_text(p: dict, points: list[dict], shapes: list[str]) -> str:
         if a and b and len(a) == len(b):
             m, se = paired_delta(a, b)
             cells.append(f"{s} {m:+.3f} ± {se:.3f}")
-    return "; ".join(cells) or "-"
+    other = f" (vs its step {base[0]['step']})" if cells and base[0]["step"] != p["step"] else ""
+    return "; ".join(cells) + other if cells else "-"
 
 
 def write_table(points: list[dict], shapes: list[str], path: Path) -> str:
@@ -257,8 +262,9 @@ def plot_levers(points: list[dict], shapes: list[str], path: Path) -> None:
             ax.axvline(base[0], color="black", lw=0.8, ls="--")
         ax.set_xlim(1.0, max(taus) * 1.08)
         ax.set_title(f"τ {shape}")
-        ax.set_xlabel("whiskers: ± SE of the paired τ difference to the base, over prompts", fontsize=8)
         ax.grid(axis="x", alpha=0.3)
+    fig.supxlabel("τ (dashed: the base run); whiskers: ± SE of the paired τ difference to the base, over prompts",
+                  fontsize=8)
     axes[0][0].set_yticks(range(len(rows)), labels, fontsize=8)
     axes[0][0].invert_yaxis()
     fig.savefig(path, dpi=110)

@@ -33,6 +33,15 @@ def test_lever_names_what_a_run_changes_and_skips_bookkeeping(lc):
     assert lc.lever({**base, "extra": {"x": 1}}, base) == "extra.x=1"
 
 
+def test_lever_names_another_drafter_kind_once(lc):
+    """An EAGLE-1 run against an EAGLE-3 base: the kind is the change, not every key of both kinds' sections."""
+    base = {"name": "eagle3", "train": {"steps": 300},
+            "drafter": {"kind": "eagle3", "eagle3": {"ttt_steps": 3}, "eagle1": None}}
+    run = {"name": "eagle1", "train": {"steps": 300, "optimizer": "adamw"},
+           "drafter": {"kind": "eagle1", "eagle3": None, "eagle1": {"ce_weight": 0.1}}}
+    assert lc.lever(run, base) == "drafter.kind=eagle1 (its drafter.eagle1 section), train.optimizer=adamw"
+
+
 def test_table_gets_a_changes_column_only_with_levers(lc, tmp_path):
     point = {"run": "r", "step": 4, "trained_tokens": 10,
              "shapes": {"chain-8": {"tau": 1.5, "by_depth": [0.4, 0.1, 0.0]}, "tree": {"tau": 2.0, "by_depth": [0.6]}}}
@@ -65,6 +74,10 @@ def test_paired_delta_against_the_base_run(lc, tmp_path):
     table = lc.write_table([base, run], ["tree"], tmp_path / "t.md").splitlines()
     assert table[2].endswith("| - |") and table[3].endswith("| tree +0.200 ± 0.058 |"), table
     assert len({line.count("|") for line in table}) == 1, table
+    # a point at another step than the base's is compared with the base's step, and says which
+    early = {**point("n", "x=1", [1.1, 2.3, 3.2]), "step": 2}
+    table = lc.write_table([base, early], ["tree"], tmp_path / "t.md").splitlines()
+    assert table[3].endswith("| tree +0.200 ± 0.058 (vs its step 4) |"), table
 
 
 def test_reference_points_serve_as_the_base_of_a_later_ablation(lc, tmp_path):

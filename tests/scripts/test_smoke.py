@@ -190,6 +190,7 @@ def smoke_args(name: str, tmp: Path, chat: Path, build: bool = True) -> tuple[li
             "medusa",
         ),
         "demo.py": (["--help"], "usage"),
+        "answer_repetition.py": (["--target", str(chat), str(chats), "--n", "2", "--cap", "8"], "repeated 2-grams"),
         "draft_vocab_coverage.py": (
             ["--target", str(chat), "--source", str(chats), "--n", "10", "--sizes", "32", "64"],
             "held-out coverage",
