@@ -84,10 +84,9 @@ def lever(config: dict, base: dict) -> str:
     kinds' sections have different keys, so comparing them key by key would only list both."""
     a, b = flatten(config), flatten(base)
     kind, base_kind = a.get("drafter.kind"), b.get("drafter.kind")
-    other = (f"drafter.{kind}.", f"drafter.{base_kind}.") if kind != base_kind else ()
-    diff = [f"{k}={a.get(k)}" + (f" (its drafter.{kind} section)" if k == "drafter.kind" and other else "")
-            for k in sorted(a.keys() | b.keys())
-            if a.get(k) != b.get(k) and not k.startswith(BOOKKEEPING) and not (other and k.startswith(other))]
+    sections = (f"drafter.{kind}.", f"drafter.{base_kind}.") if kind != base_kind else ()
+    diff = [f"{k}={a.get(k)}" + (f" (its drafter.{kind} section)" if k == "drafter.kind" else "")
+            for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k) and not k.startswith(BOOKKEEPING + sections)]
     return ", ".join(diff) or "(base)"
 
 
