@@ -45,8 +45,8 @@ from decode.sampling import SamplingConfig
 from decode.target import Target
 from decode.tree import parse_shape
 from drafters.registry import make_drafter
+from train.checkpoints import CKPT_PREFIX, RUN_STATE, checkpoints
 from train.config import load_recipe
-from train.loop import CKPT_PREFIX, RUN_STATE, checkpoints
 from train.snapshot import snapshot, uses_lora
 
 REPO = Path(__file__).resolve().parents[1]
@@ -91,7 +91,7 @@ def lever(config: dict, base: dict) -> str:
 
 
 def trained_tokens(run_dir: Path, step: int) -> int | None:
-    """Trained (loss-masked) tokens seen by `step`: the checkpoint's own count (train/loop.py keeps it in
+    """Trained (loss-masked) tokens seen by `step`: the checkpoint's own count (train/checkpoints.py keeps it in
     draftsmith_state.json), else the metrics.jsonl row of that step; None for runs older than the count."""
     state = run_dir / "checkpoints" / f"{CKPT_PREFIX}{step}" / RUN_STATE
     if state.exists() and "trained_tokens" in (s := json.loads(state.read_text())):

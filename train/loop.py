@@ -2,10 +2,9 @@
 
 A run directory holds the resolved config (config.yaml), metrics (metrics.jsonl), accelerate
 checkpoints (checkpoints/step_N: optimizer, scheduler, RNG and the drafter's weights, written to a
-temporary name and renamed) and the final native export (export/). `resume=auto` continues from
-the newest checkpoint: unfinished `.tmp` checkpoints of a killed run are deleted, and metrics.jsonl is
-cut back to the rows that checkpoint had seen, so a killed-and-resumed run logs what an uninterrupted
-one does. Launch with `python -m train RECIPE.yaml` or `accelerate launch -m train ...`.
+temporary name and renamed; train/checkpoints.py) and the final native export (export/).
+`resume=auto` continues from the newest checkpoint, so a killed-and-resumed run logs what an
+uninterrupted one does. Launch with `python -m train RECIPE.yaml` or `accelerate launch -m train ...`.
 """
 
 from __future__ import annotations
@@ -13,29 +12,30 @@ from __future__ import annotations
 import json
 import math
 import os
-import pickle
-import shutil
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
 from torch import nn
 
-from decode.errors import UserError, one_line
+from decode.errors import UserError
 from decode.precision import resolve_dtype
 from drafters.trainable.losses import simulated_chain_tau as simulated_tau
+from train.checkpoints import (
+    drop_unfinished_checkpoints,
+    load_checkpoint,
+    resume_point,
+    rewind_metrics,
+    save_checkpoint,
+)
 from train.config import TrainConfig, dump_config
 from train.dataset import make_loader
 from train.killpoint import kill_point
 from train.optim import Chain, make_optimizers
 from train.simeval import CACHE_NAME as SIM_CACHE
 from train.simeval import load_or_build, prompt_set, sim_eval
-
-CKPT_PREFIX = "step_"
-RUN_STATE = "draftsmith_state.json"  # in each checkpoint: its step and how much of metrics.jsonl it covers
 
 
 class NonFiniteLoss(RuntimeError):
@@ -54,15 +54,6 @@ def lr_factor(step: int, cfg: TrainConfig) -> float:
     frac = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps))
     decay = 0.5 * (1 + math.cos(math.pi * frac)) if cfg.schedule == "cosine" else 1 - frac
     return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * decay
-
-
-def checkpoints(run_dir: Path) -> list[Path]:
-    """Finished checkpoints, oldest first (temporary `.tmp` directories are never listed)."""
-    d = run_dir / "checkpoints"
-    if not d.is_dir():
-        return []
-    done = [p for p in d.iterdir() if p.is_dir() and p.name.startswith(CKPT_PREFIX) and p.name[len(CKPT_PREFIX):].isdigit()]
-    return sorted(done, key=lambda p: int(p.name[len(CKPT_PREFIX):]))
 
 
 # --- the loop ---------------------------------------------------------------------------
@@ -261,24 +252,9 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
     # Checkpoints are written only at optimizer-step boundaries (never mid-accumulation): a run killed
     # mid-accumulation redoes that step's micro-batches from the last checkpoint.
     step, window, seen = 0, [], 0  # seen: trained (loss-masked) tokens so far, all ranks: the x axis of a tokens curve
-    resume_from = None
-    if cfg.resume == "auto":
-        found = checkpoints(run_dir)
-        resume_from = found[-1] if found else None
-    elif cfg.resume != "never":
-        resume_from = Path(cfg.resume)
-        if not resume_from.is_dir():
-            raise FileNotFoundError(f"train.resume={cfg.resume}: no such checkpoint directory")
+    resume_from = resume_point(cfg.resume, run_dir)
     if resume_from is not None:
-        try:
-            acc.load_state(str(resume_from))
-        except (SafetensorError, OSError, RuntimeError, EOFError, pickle.UnpicklingError) as e:
-            raise UserError(f"checkpoint {resume_from} is unreadable ({type(e).__name__}: {one_line(e)[:200]}); delete "
-                            "it to resume from the one before, or set train.resume=never") from None
-        step = int(resume_from.name[len(CKPT_PREFIX):]) if resume_from.name.startswith(CKPT_PREFIX) else 0
-        if (resume_from / RUN_STATE).exists():  # the losses since the last logged row: the next row averages them
-            run_state = json.loads((resume_from / RUN_STATE).read_text())
-            window, seen = run_state.get("loss_window", []), run_state.get("trained_tokens", 0)
+        step, window, seen = load_checkpoint(acc, resume_from)  # window: the losses the next logged row averages
         if main:
             print(f"[train] resumed from {resume_from} at step {step}")
     log_path = run_dir / "metrics.jsonl"
@@ -287,27 +263,7 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
         rewind_metrics(log_path, resume_from)
 
     def save(at: int) -> None:
-        acc.wait_for_everyone()
-        final = run_dir / "checkpoints" / f"{CKPT_PREFIX}{at}"
-        tmp = final.with_name(final.name + ".tmp")
-        if main and tmp.exists():
-            shutil.rmtree(tmp)
-        acc.wait_for_everyone()  # sharded saves (FSDP, ZeRO-3) write from every rank: none before the cleanup
-        acc.save_state(str(tmp))
-        acc.wait_for_everyone()
-        if main:
-            # how much of metrics.jsonl this checkpoint has seen: a resume from it cuts the file back there
-            size = log_path.stat().st_size if log_path.exists() else 0
-            (tmp / RUN_STATE).write_text(json.dumps({"step": at, "metrics_bytes": size, "loss_window": window,
-                                                          "trained_tokens": seen}))
-            kill_point("train.checkpoint", at)  # test hook: a kill with the checkpoint written but not renamed
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-            for old in checkpoints(run_dir)[: -cfg.keep_checkpoints]:
-                shutil.rmtree(old)
-            kill_point("train.saved", at)  # test hook: a kill right after a complete checkpoint
-        acc.wait_for_everyone()
+        save_checkpoint(acc, run_dir, at, log_path, window, seen, cfg.keep_checkpoints)
 
     # 3. the loop: one stream of micro-batches, epoch after epoch (epoch e's order a pure function of
     # (seed, e), train/dataset.py), cut into optimizer steps of grad_accum micro-batches each.
@@ -399,30 +355,6 @@ def train(recipe, drafter: nn.Module, target, train_ds, eval_ds, featurize, expo
     acc.wait_for_everyone()
     acc.end_training()
     return export_dir
-
-
-def drop_unfinished_checkpoints(run_dir: Path) -> None:
-    """Delete `step_N.tmp` directories a killed run left mid-write (never loaded: `checkpoints` skips them)."""
-    d = run_dir / "checkpoints"
-    for p in sorted(d.glob(f"{CKPT_PREFIX}*.tmp")) if d.is_dir() else []:
-        shutil.rmtree(p)
-        print(f"[train] removed unfinished checkpoint {p} (left by an interrupted run)")
-
-
-def rewind_metrics(path: Path, resume_from: Path | None) -> None:
-    """Cut metrics.jsonl back to what the resumed checkpoint had seen (a fresh start: empty), so the rows
-    a killed run logged after its last checkpoint — and a torn last line — are not repeated."""
-    if not path.exists():
-        return
-    keep = 0
-    if resume_from is not None:
-        state = resume_from / RUN_STATE
-        if not state.exists() or resume_from.parent != path.parent / "checkpoints":
-            return  # an older checkpoint, or another run's: its count does not describe this file
-        keep = json.loads(state.read_text())["metrics_bytes"]
-    if path.stat().st_size > keep:
-        print(f"[train] {path}: dropping the rows logged after {'the resumed checkpoint' if keep else 'no checkpoint'}")
-        os.truncate(path, keep)
 
 
 def _log(acc, path: Path, row: dict[str, Any], step: int, main: bool) -> None:

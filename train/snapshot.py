@@ -21,8 +21,8 @@ from pathlib import Path
 from decode.errors import UserError, run_cli
 from decode.target import Target
 from drafters.serving.checkpoint import new_drafter, save_drafter
+from train.checkpoints import CKPT_PREFIX, checkpoints
 from train.config import load_recipe, to_dict
-from train.loop import CKPT_PREFIX, checkpoints
 
 PREFIX = "drafter."  # train/loop.py wraps the drafter in a module whose attribute is `drafter`
 

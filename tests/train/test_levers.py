@@ -22,8 +22,9 @@ from drafters.trainable.medusa import Medusa, MedusaConfig
 from tests.conftest import REPO, tiny_target
 from tests.drafters.batches import make_batch, random_sequences, record_rounds
 from tests.train.test_loop import crash_at, recipe_overrides, regen, run, write_recipe  # noqa: F401 (regen: a fixture)
+from train.checkpoints import checkpoints
 from train.config import ConfigError, TrainConfig, load_recipe
-from train.loop import checkpoints, lr_factor
+from train.loop import lr_factor
 from train.optim import make_optimizers, muon_split
 
 PROMPT = torch.tensor([1, 5, 9, 33, 17, 4])

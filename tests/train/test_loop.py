@@ -14,8 +14,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from train.checkpoints import checkpoints
 from train.config import load_recipe
-from train.loop import NonFiniteLoss, checkpoints, lr_factor, simulated_tau
+from train.loop import NonFiniteLoss, lr_factor, simulated_tau
 
 REPO = Path(__file__).resolve().parents[2]
 KINDS = ["eagle3", "eagle1", "medusa", "layerskip"]
