@@ -15,10 +15,11 @@ from decode.generate import generate
 from decode.target import Target
 from decode.tree import Shape
 from drafters.serving.checkpoint import new_drafter
-from drafters.trainable.eagle import Eagle1, Eagle1Config, Eagle3, Eagle3Config, add_noise
+from drafters.trainable.eagle import Eagle1, Eagle1Config, Eagle3, Eagle3Config
 from drafters.trainable.layerskip import LayerSkip, LayerSkipConfig
 from drafters.trainable.layerskip.lora import ADAPTER
 from drafters.trainable.medusa import Medusa, MedusaConfig
+from drafters.trainable.noise import add_noise
 from tests.conftest import REPO, tiny_target
 from tests.drafters.batches import make_batch, random_sequences, record_rounds
 from tests.train.test_loop import crash_at, recipe_overrides, regen, run, write_recipe  # noqa: F401 (regen: a fixture)
