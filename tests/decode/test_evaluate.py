@@ -10,9 +10,10 @@ import torch
 
 from decode.evaluate import EvalConfig, evaluate, main, make_run, prepare, run_spec
 from decode.generate import Generation
+from decode.labels import label_of
 from decode.metrics import GenStats
 from decode.prompts import load_prompts
-from decode.report import PLOTS, cost_model, label_of
+from decode.report import PLOTS, cost_model
 from decode.sampling import SamplingConfig
 from decode.tree import parse_shape
 from tests.conftest import STORIES

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from decode.report import (
+from decode.labels import (
     distinct_labels,
     drafter_kind,
     label_of,
