@@ -114,6 +114,9 @@ def run(recipe) -> int:
     cache = build_cache(recipe, target, data, dist) if recipe.features.mode == "offline" else None
     train_ds, featurize = training_data(recipe, target, "train", dist, recipe.train.pack_length, data, cache)
     eval_ds, _ = training_data(recipe, target, "eval", dist, recipe.train.pack_length, data, cache)
+    if recipe.train.max_sequences and state.is_main_process:  # the draft vocabulary is counted on these too
+        print(f"[train] train.max_sequences: training on the first {recipe.train.max_sequences} train sequences "
+              f"(held-out split unchanged)", flush=True)
     # 3. the drafter, then 4. the loop.
     drafter = build_drafter(recipe, target, train_ds, state.process_index).to(state.device)
     if recipe.train.init_from:

@@ -80,6 +80,8 @@ class TrainConfig:
     batch_size: int = 8  # sequences per process per micro-batch
     grad_accum: int = 1  # micro-batches per optimizer step
     pack_length: int = 0  # pack sequences into rows of this many tokens (0 = one sequence per row)
+    max_sequences: int = 0  # train on only the first N (shuffled) train sequences of the data: more epochs over
+    # less data from the same cache (0 = all; the held-out split is unchanged)
     lr: float = 3e-4  # peak learning rate
     weight_decay: float = 0.0  # AdamW weight decay
     beta1: float = 0.9  # AdamW beta1

@@ -53,12 +53,14 @@ class TokenDataset(Dataset):
 class CachedFeatures(Dataset):
     """One split of a feature cache: sequences [0, n_train) are train, the rest eval."""
 
-    def __init__(self, cache: FeatureCache, split: str) -> None:
+    def __init__(self, cache: FeatureCache, split: str, limit: int = 0) -> None:
         if split not in ("train", "eval"):
             raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
         n_train = cache.index["n_train"]
         self.cache = cache
         self.start, self.stop = (0, n_train) if split == "train" else (n_train, cache.index["num_sequences"])
+        if limit:  # the first `limit` sequences of the split (already in a seeded random order)
+            self.stop = min(self.stop, self.start + limit)
 
     def __len__(self) -> int:
         return self.stop - self.start
@@ -148,6 +150,13 @@ def make_loader(ds: Dataset, batch_size: int, seed: int, shuffle: bool = True, d
                       generator=torch.Generator().manual_seed(seed), collate_fn=functools.partial(collate, pad_id=pad_id))
 
 
+def check_limit(limit: int, available: int) -> None:
+    """train.max_sequences asks for at most what the data has (else the run would silently train on less)."""
+    if limit > available:
+        raise ValueError(f"train.max_sequences={limit} but the data has only {available} train sequences; "
+                         f"set it to at most {available}, or 0 for all of them")
+
+
 def training_data(recipe: Recipe, target: Target, split: str = "train", dist: Dist | None = None,
                   pack_length: int = 0, data: PreparedData | None = None,
                   cache: FeatureCache | None = None) -> tuple[Dataset, Callable[[dict[str, Any]], dict[str, Any]]]:
@@ -155,13 +164,14 @@ def training_data(recipe: Recipe, target: Target, split: str = "train", dist: Di
 
     offline: `cache`, or the cache found where build_cache would put it, checked against the fingerprint
     recomputed from this recipe and target (missing or mismatched: an error that says how to rebuild);
-    featurize is the identity.
+    featurize is the identity. The train split keeps only its first recipe.train.max_sequences sequences when set.
     online: the token sequences; featurize runs the frozen target (OnlineFeatures) on each batch.
     `data` (prepare_data's result) saves preparing it again. Call it with the target as loaded (before
     any peft wrapping): the fingerprint hashes its weights.
     """
     dist = dist or Dist()
     fc = recipe.features
+    limit = recipe.train.max_sequences if split == "train" else 0
     if fc.mode == "offline":
         if fc.cache_dir and cache is None:
             FeatureCache.open(fc.cache_dir)  # a clear "no cache here" before any data work
@@ -169,10 +179,13 @@ def training_data(recipe: Recipe, target: Target, split: str = "train", dist: Di
         if cache is None:
             fp = fingerprint(recipe, target, data)
             cache = FeatureCache.open(feature_cache_dir(recipe, target, fp), fp)
-        ds: Dataset = CachedFeatures(cache, split)
+        check_limit(limit, cache.index["n_train"])
+        ds: Dataset = CachedFeatures(cache, split, limit)
         featurize: Callable[[dict[str, Any]], dict[str, Any]] = lambda batch: batch  # noqa: E731
     else:
         data = data or prepare_data(recipe, target, dist, log=lambda s: None)
-        ds = TokenDataset(data.train if split == "train" else data.eval)
+        rows = data.train if split == "train" else data.eval
+        check_limit(limit, len(rows))
+        ds = TokenDataset(rows.select(range(limit)) if limit else rows)
         featurize = OnlineFeatures(target, fc.hidden_ids, fc.topk)
     return (Packed(ds, pack_length, recipe.seed) if pack_length else ds), featurize

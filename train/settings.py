@@ -117,7 +117,8 @@ CHECKS: dict[str, Check] = {
     "features.attn": one_of("sdpa", "eager"),
     # train.*
     "train.steps": at_least(0, "optimizer steps; 0 only with train.eval_only=true"), "train.batch_size": at_least(1, "sequences per micro-batch"),
-    "train.grad_accum": at_least(1, "micro-batches per optimizer step"), "train.pack_length": at_least(0, "0 = no packing"),
+    "train.grad_accum": at_least(1, "micro-batches per optimizer step"),
+    "train.max_sequences": at_least(0, "0 = every train sequence"), "train.pack_length": at_least(0, "0 = no packing"),
     "train.lr": above(0.0, "the peak learning rate"), "train.weight_decay": at_least(0.0),
     "train.beta1": within(0, 1, hi_open=True), "train.beta2": within(0, 1, hi_open=True),
     "train.warmup_steps": NONNEG, "train.min_lr_ratio": within(0, 1), "train.max_grad_norm": at_least(0.0, "0 = off"),

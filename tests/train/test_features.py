@@ -95,6 +95,22 @@ def test_offline_batches_equal_online_batches(built, stories):
     assert len(eval_ds) == 4
 
 
+def test_max_sequences_keeps_the_first_train_sequences(built, stories):
+    """train.max_sequences: the first N train sequences, offline and online alike; eval unchanged; too many refused."""
+    r, _ = built
+    full, _ = training_data(r, stories, "train")
+    for mode in ("offline", "online"):
+        limited = load_recipe(r_path(r), overrides_of(r) + [f"features.mode={mode}", "train.max_sequences=5"])
+        ds, _ = training_data(limited, stories, "train")
+        assert len(ds) == 5 < len(full)
+        for i in range(5):
+            assert torch.equal(ds[i]["input_ids"], full[i]["input_ids"]), (mode, i)
+        assert len(training_data(limited, stories, "eval")[0]) == 4
+    too_many = load_recipe(r_path(r), overrides_of(r) + [f"train.max_sequences={len(full) + 1}"])
+    with pytest.raises(ValueError, match=rf"train.max_sequences={len(full) + 1} but the data has only {len(full)}"):
+        training_data(too_many, stories, "train")
+
+
 def r_path(r) -> Path:
     return Path(r.run_dir).parent / "stories_test.yaml"
 
