@@ -46,7 +46,7 @@ from decode.target import Target
 from decode.tree import parse_shape
 from drafters.registry import make_drafter
 from train.checkpoints import CKPT_PREFIX, RUN_STATE, checkpoints
-from train.config import load_recipe
+from train.config import Recipe, load_recipe, to_dict
 from train.snapshot import snapshot, uses_lora
 
 REPO = Path(__file__).resolve().parents[1]
@@ -81,8 +81,11 @@ def flatten(config: dict, prefix: str = "") -> dict[str, object]:
 def lever(config: dict, base: dict) -> str:
     """What a run changes against the base run, as `key=value` overrides (bookkeeping keys left out);
     "(base)" for none. Another drafter kind is one change, `drafter.kind=K (its drafter.K section)`: the two
-    kinds' sections have different keys, so comparing them key by key would only list both."""
+    kinds' sections have different keys, so comparing them key by key would only list both. A key only one side
+    has counts unless it holds the schema's default there (a config written before the key existed ran at it)."""
+    defaults = flatten(to_dict(Recipe(target="")))
     a, b = flatten(config), flatten(base)
+    a, b = {**{k: v for k, v in defaults.items() if k in b}, **a}, {**{k: v for k, v in defaults.items() if k in a}, **b}
     kind, base_kind = a.get("drafter.kind"), b.get("drafter.kind")
     sections = (f"drafter.{kind}.", f"drafter.{base_kind}.") if kind != base_kind else ()
     diff = [f"{k}={a.get(k)}" + (f" (its drafter.{kind} section)" if k == "drafter.kind" else "")

@@ -31,11 +31,15 @@ def test_lever_names_what_a_run_changes_and_skips_bookkeeping(lc):
     assert lc.lever(base, base) == "(base)"
     # a key only one side has is a change too (a newer config key, say)
     assert lc.lever({**base, "extra": {"x": 1}}, base) == "extra.x=1"
+    # ... unless it holds the schema's default: a base run written before train.max_sequences existed ran at 0
+    with_key = {**base, "train": {**base["train"], "max_sequences": 0}}
+    assert lc.lever(with_key, base) == lc.lever(base, with_key) == "(base)"
+    assert lc.lever({**base, "train": {**base["train"], "max_sequences": 124}}, base) == "train.max_sequences=124"
 
 
 def test_lever_names_another_drafter_kind_once(lc):
     """An EAGLE-1 run against an EAGLE-3 base: the kind is the change, not every key of both kinds' sections."""
-    base = {"name": "eagle3", "train": {"steps": 300},
+    base = {"name": "eagle3", "train": {"steps": 300, "optimizer": "muon"},
             "drafter": {"kind": "eagle3", "eagle3": {"ttt_steps": 3}, "eagle1": None}}
     run = {"name": "eagle1", "train": {"steps": 300, "optimizer": "adamw"},
            "drafter": {"kind": "eagle1", "eagle3": None, "eagle1": {"ce_weight": 0.1}}}
