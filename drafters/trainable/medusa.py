@@ -125,9 +125,18 @@ class Medusa(nn.Module):
         z = block(h.to(self.dtype))
         return lm_head(z.to(lm_head.weight.dtype))
 
-    def head_logits(self, h: Tensor) -> list[Tensor]:
-        """Each head's logits [.., V] from target states h [.., H]."""
-        return [self.one_head(block, head, h) for block, head in zip(self.blocks, self.head_modules())]
+    def head_logits(self, h: Tensor, heads: int | None = None) -> Tensor:
+        """The first `heads` heads' logits (all by default) from target states h [.., H]. -> [K, .., V]
+
+        Shared heads score every head's state in one matmul: at one decoding row the call is memory-bound,
+        so the 49k-row head is read once a round, not once per head (copied heads each read their own).
+        """
+        blocks = self.blocks[:heads]
+        if self.config.head == "copied":
+            return torch.stack([self.one_head(block, head, h) for block, head in zip(blocks, self.lm_heads)])
+        lm_head = self.target.lm_head
+        z = torch.stack([block(h.to(self.dtype)) for block in blocks])  # [K, .., H]
+        return lm_head(z.to(lm_head.weight.dtype))
 
     def forward(self, batch: dict, step: int = 0) -> tuple[Tensor, dict[str, float]]:
         """= loss(batch, step); call the module itself so DDP/accelerate wrappers see the forward."""
@@ -166,7 +175,7 @@ class Medusa(nn.Module):
         L = self.target.num_layers
         argmax = teacher_argmax(batch, self.target.lm_head, L)
         valid = next_valid(batch)
-        logits = self.head_logits(batch["hidden"][L])[: depth or self.config.num_heads]
+        logits = self.head_logits(batch["hidden"][L], depth or None)
         correct = [in_topk(lg, ahead(argmax, k + 1, -1), topk) for k, lg in enumerate(logits)]
         return conditional_accuracy(correct, [ahead(valid, k + 1, False) for k in range(len(logits))])
 
@@ -203,7 +212,8 @@ class MedusaDrafter:
         shape = capped_shape(budget.shape, self.m.config.num_heads)
         if shape.max_depth == 0:
             return DraftTree.empty()
-        logp = torch.log_softmax(torch.stack(self.m.head_logits(self.h)), dim=-1, dtype=torch.float32)  # [K, V]
+        # only the heads the shape reaches (a chain of 2 needs 2 of the 4)
+        logp = torch.log_softmax(self.m.head_logits(self.h, shape.max_depth), dim=-1, dtype=torch.float32)  # [K, V]
         self.forward_passes += 1
         depth: dict[int, int] = {-1: 0}  # tree node id (root = -1) -> depth
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from decode.generate import generate
+from decode.protocol import Budget
 from decode.tree import Shape
 from drafters.trainable.medusa import Medusa, MedusaConfig, capped_shape
 from tests.drafters.batches import (
@@ -72,6 +73,31 @@ def test_chain_is_each_heads_argmax_at_the_newest_state(tiny):
         assert tree.size <= 3
         pos += accepted + 1
     assert max(t.size for t in rounds) == 3
+
+
+@pytest.mark.parametrize("head", ["shared", "copied"])
+def test_a_round_reads_a_shared_head_once_and_only_the_heads_it_needs(tiny, head):
+    """head_logits equals each head on its own; a round scores only the heads its shape reaches, and shared
+    heads in one LM-head call (at one decoding row the call is memory-bound: one read of the head, not K)."""
+    torch.manual_seed(0)
+    m = Medusa(tiny, MedusaConfig(num_heads=4, head=head))
+    for p in m.blocks.parameters():
+        p.data.normal_(0, 0.1)
+    h = torch.randn(5, tiny.hidden_size)
+    heads = m.head_modules()
+    want = torch.stack([m.one_head(block, heads[k], h) for k, block in enumerate(m.blocks)])
+    torch.testing.assert_close(m.head_logits(h), want, rtol=1e-5, atol=1e-6)
+    assert m.head_logits(h, 2).shape == (2, 5, tiny.vocab_size)
+    calls: list[tuple[int, ...]] = []
+    hooks = [lm.register_forward_hook(lambda mod, args, out: calls.append(tuple(out.shape[:-1])))
+             for lm in {id(x): x for x in heads}.values()]
+    drafter = m.drafter()
+    drafter.h = h[0]  # the state accept() keeps: propose reads only this
+    tree = drafter.propose(Budget(Shape("chain", k=2)))
+    for hook in hooks:
+        hook.remove()
+    assert tree.size == 2
+    assert calls == ([(2,)] if head == "shared" else [(), ()])  # 2 of the 4 heads: one call of 2 rows, or 2 of 1
 
 
 @pytest.mark.parametrize("loss", ["ce", "kl"])
