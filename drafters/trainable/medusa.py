@@ -128,8 +128,7 @@ class Medusa(nn.Module):
     def head_logits(self, h: Tensor, heads: int | None = None) -> Tensor:
         """The first `heads` heads' logits (all by default) from target states h [.., H]. -> [K, .., V]
 
-        Shared heads score every head's state in one matmul: at one decoding row the call is memory-bound,
-        so the 49k-row head is read once a round, not once per head (copied heads each read their own).
+        Shared heads score every head's state in one LM-head call (copied heads each their own).
         """
         blocks = self.blocks[:heads]
         if self.config.head == "copied":
@@ -168,6 +167,19 @@ class Medusa(nn.Module):
         total = sum(w * lo for w, lo in zip(step_weights(len(losses), self.config.step_decay), losses))
         return total, {"loss": float(total.detach()), **loss_metrics(self.config.loss, losses),
                        **loss_metrics("acc", accs)}
+
+    def draft_logits(self, h: Tensor, heads: int) -> Tensor:
+        """Decoding: the first `heads` heads' logits at one target state h [H]. -> [K, V]
+
+        A shared head is applied as W @ z^T, which reads the 49k-row head once for all K rows; F.linear's
+        gemm reads it once per row at so few rows (fp32, 1 thread, a 49,152 x 576 head: 19 vs 56 ms at K = 4).
+        """
+        if self.config.head == "copied":
+            return self.head_logits(h, heads)
+        w, bias = self.target.lm_head.weight, self.target.lm_head.bias
+        z = torch.stack([block(h.to(self.dtype)) for block in self.blocks[:heads]])  # [K, H]
+        logits = (w @ z.to(w.dtype).T).T
+        return logits if bias is None else logits + bias
 
     @torch.no_grad()
     def position_accuracy(self, batch: dict, depth: int | None = None, topk: int = 1) -> list[float]:
@@ -213,7 +225,7 @@ class MedusaDrafter:
         if shape.max_depth == 0:
             return DraftTree.empty()
         # only the heads the shape reaches (a chain of 2 needs 2 of the 4)
-        logp = torch.log_softmax(self.m.head_logits(self.h, shape.max_depth), dim=-1, dtype=torch.float32)  # [K, V]
+        logp = torch.log_softmax(self.m.draft_logits(self.h, shape.max_depth), dim=-1, dtype=torch.float32)  # [K, V]
         self.forward_passes += 1
         depth: dict[int, int] = {-1: 0}  # tree node id (root = -1) -> depth
 
