@@ -126,16 +126,9 @@ class Medusa(nn.Module):
         return lm_head(z.to(lm_head.weight.dtype))
 
     def head_logits(self, h: Tensor, heads: int | None = None) -> Tensor:
-        """The first `heads` heads' logits (all by default) from target states h [.., H]. -> [K, .., V]
-
-        Shared heads score every head's state in one LM-head call (copied heads each their own).
-        """
-        blocks = self.blocks[:heads]
-        if self.config.head == "copied":
-            return torch.stack([self.one_head(block, head, h) for block, head in zip(blocks, self.lm_heads)])
-        lm_head = self.target.lm_head
-        z = torch.stack([block(h.to(self.dtype)) for block in blocks])  # [K, .., H]
-        return lm_head(z.to(lm_head.weight.dtype))
+        """The first `heads` heads' logits (all by default) from target states h [.., H]. -> [K, .., V]"""
+        return torch.stack([self.one_head(block, lm_head, h)
+                            for block, lm_head in zip(self.blocks[:heads], self.head_modules())])
 
     def forward(self, batch: dict, step: int = 0) -> tuple[Tensor, dict[str, float]]:
         """= loss(batch, step); call the module itself so DDP/accelerate wrappers see the forward."""

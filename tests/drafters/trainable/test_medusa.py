@@ -77,8 +77,8 @@ def test_chain_is_each_heads_argmax_at_the_newest_state(tiny):
 
 @pytest.mark.parametrize("head", ["shared", "copied"])
 def test_a_round_scores_only_the_heads_its_shape_reaches(tiny, head):
-    """head_logits (training) and draft_logits (a decoding round: W @ z^T for a shared head, one read of it)
-    equal each head on its own; a round runs only the heads its shape reaches."""
+    """draft_logits (a decoding round: W @ z^T for a shared head, one read of it) equals each head on its own;
+    a round runs only the heads its shape reaches."""
     torch.manual_seed(0)
     m = Medusa(tiny, MedusaConfig(num_heads=4, head=head))
     for p in m.parameters():
@@ -86,8 +86,7 @@ def test_a_round_scores_only_the_heads_its_shape_reaches(tiny, head):
     h = torch.randn(5, tiny.hidden_size)
     heads = m.head_modules()
     want = torch.stack([m.one_head(block, heads[k], h) for k, block in enumerate(m.blocks)])  # [K, 5, V]
-    torch.testing.assert_close(m.head_logits(h), want, rtol=1e-5, atol=1e-5)
-    assert m.head_logits(h, 2).shape == (2, 5, tiny.vocab_size)
+    assert torch.equal(m.head_logits(h, 2), want[:2])
     torch.testing.assert_close(m.draft_logits(h[0], 3), want[:3, 0], rtol=1e-5, atol=1e-5)
     ran: list[int] = []
     hooks = [block.register_forward_hook(lambda mod, args, out, k=k: ran.append(k)) for k, block in enumerate(m.blocks)]
