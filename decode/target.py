@@ -180,22 +180,26 @@ class Target:
 
     def run_layers(self, h: Tensor, start: int, end: int, cache: KVCache | None, positions: Tensor,
                    mask: Tensor | None = None, capture: tuple[int, ...] = (),
-                   skip: frozenset[int] = frozenset()) -> tuple[Tensor, dict[int, Tensor]]:
+                   skip: frozenset[int] = frozenset(),
+                   layers: nn.ModuleList | None = None) -> tuple[Tensor, dict[int, Tensor]]:
         """Run decoder layers [start, end) (minus `skip`) on h [1, T, D] at `positions` [T].
 
         mask: additive float [1, 1, T, S] over the cache's tokens plus these (None = full attention,
         valid for T == 1 or an empty cache with mask built by the caller). Returns the pre-norm
         output [1, T, D] and the captured hidden states {id: [T, D]} for ids in (start, end].
+        `layers`: run these in place of the target's own, indexed like them (a drafter's trained copies of
+        the first layers); the target's rotary embedding and norm stay.
         """
         pos = positions.view(1, -1).to(h.device)
         rope = self.rotary_emb(h, pos)
         captured: dict[int, Tensor] = {}
         if start in capture and start == 0:
             captured[0] = h[0]
+        layers = self.layers if layers is None else layers
         for i in range(start, end):
             if i not in skip:
-                h = self.layers[i](h, attention_mask=mask, position_ids=pos, cache=cache, use_cache=cache is not None,
-                                   position_embeddings=rope)
+                h = layers[i](h, attention_mask=mask, position_ids=pos, cache=cache, use_cache=cache is not None,
+                              position_embeddings=rope)
             if i + 1 in capture:
                 captured[i + 1] = (self.norm(h) if i + 1 == self.num_layers else h)[0]
         return h, captured

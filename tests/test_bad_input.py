@@ -509,7 +509,7 @@ for _name, _over, _want in [
     ("eagle1_ce_weight_negative", {"drafter.eagle1.ce_weight": "-1"}, r"drafter\.eagle1\.ce_weight=-1\.0: must be a number >= 0"),
     ("medusa_num_heads_0", {"drafter.medusa.num_heads": "0"}, r"drafter\.medusa\.num_heads=0: must be an integer >= 1"),
     ("medusa_loss_unknown", {"drafter.medusa.loss": "mse"}, r"drafter\.medusa\.loss=mse: must be one of \['ce', 'kl'\]"),
-    ("layerskip_mode_unknown", {"drafter.layerskip.mode": "full"}, r"drafter\.layerskip\.mode=full: must be one of"),
+    ("layerskip_mode_unknown", {"drafter.layerskip.mode": "fully"}, r"drafter\.layerskip\.mode=fully: must be one of"),
     ("layerskip_lora_dropout_1", {"drafter.layerskip.lora_dropout": "1"}, r"drafter\.layerskip\.lora_dropout=1\.0: must be in \[0, 1\)"),
     ("layerskip_curriculum_unknown", {"drafter.layerskip.curriculum": "random"}, r"drafter\.layerskip\.curriculum=random"),
     ("layerskip_exits_0", {"drafter.layerskip.exits": "[0, 2]"}, r"drafter\.layerskip\.exits=\[0, 2\]: must be a list"),

@@ -142,7 +142,7 @@ CHECKS: dict[str, Check] = {
     "drafter.layerskip.lora_layers": each(NONNEG),
     "drafter.medusa.num_heads": POS, "drafter.medusa.num_layers": POS, "drafter.medusa.loss": one_of("ce", "kl"),
     "drafter.medusa.step_decay": DECAY,
-    "drafter.layerskip.mode": one_of("exit_head", "lora"), "drafter.layerskip.exits": each(POS),
+    "drafter.layerskip.mode": one_of("exit_head", "lora", "full"), "drafter.layerskip.exits": each(POS),
     "drafter.layerskip.draft_exit": at_least(0, "0 = L // 4"), "drafter.layerskip.adapter_rank": NONNEG,
     "drafter.layerskip.loss": one_of("kl", "ce"),
     "drafter.layerskip.scale": one_of("uniform", "linear", "sum", "sqrt", "inv", "inv_sqrt"),

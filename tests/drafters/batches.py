@@ -57,11 +57,12 @@ def record_rounds(drafter) -> list:
     return rounds
 
 
-KINDS = ["eagle1", "eagle3", "medusa", "layerskip", "layerskip-lora"]
+KINDS = ["eagle1", "eagle3", "medusa", "layerskip", "layerskip-lora", "layerskip-full"]
 
 
 def build(kind: str, target: Target, seed: int = 0):
-    """A random-init drafter module of each kind with test-sized settings (LoRA weights made non-zero)."""
+    """A random-init drafter module of each kind with test-sized settings (LoRA weights made non-zero, the
+    copied layers moved off the target's)."""
     from drafters.trainable.eagle import Eagle1, Eagle3, Eagle3Config
     from drafters.trainable.layerskip import LayerSkip, LayerSkipConfig
     from drafters.trainable.medusa import Medusa, MedusaConfig
@@ -83,6 +84,12 @@ def build(kind: str, target: Target, seed: int = 0):
             for name, p in m.lora.named_parameters():
                 if ".B." in f".{name}.":
                     p.normal_(0, 0.3)
+        return m
+    if kind == "layerskip-full":
+        m = LayerSkip(target, LayerSkipConfig(mode="full", draft_exit=2))
+        with torch.no_grad():
+            for p in m.early.parameters():
+                p.add_(torch.randn_like(p) * 0.05)
         return m
     raise ValueError(kind)
 

@@ -34,9 +34,11 @@ KINDS = {  # id -> (drafter overrides, features mode): offline and online both c
     "eagle1": (["drafter.kind=eagle1", "drafter.eagle1.feature_noise=0.2"], "offline"),
     "eagle3": (["drafter.kind=eagle3", "drafter.eagle3.ttt_steps=2", "drafter.eagle3.draft_vocab_size=128"], "online"),
     "medusa": (["drafter.kind=medusa", "drafter.medusa.num_heads=2"], "offline"),
-    "layerskip_full": (["drafter.kind=layerskip", "drafter.layerskip.curriculum=rotational"], "offline"),
+    "layerskip_exits": (["drafter.kind=layerskip", "drafter.layerskip.curriculum=rotational"], "offline"),
     "layerskip_lora": (["drafter.kind=layerskip", "drafter.layerskip.mode=lora", "drafter.layerskip.lora_rank=2",
                         "drafter.layerskip.lora_dropout=0.1", "drafter.layerskip.layer_dropout=0.2"], "online"),
+    "layerskip_copied_layers": (["drafter.kind=layerskip", "drafter.layerskip.mode=full",
+                                 "drafter.layerskip.draft_exit=2", "drafter.layerskip.layer_dropout=0.2"], "offline"),
 }
 
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass, replace
 class LayerSkipConfig:
     """LayerSkip: mode, exits, exit heads, the exit loss and its curriculum, LoRA settings."""
 
-    mode: str = "exit_head"  # exit_head | lora
-    exits: tuple[int, ...] = ()  # exits trained (exit E runs layers [0, E)); () = 1..L-1 (exit_head), draft_exit (lora)
+    mode: str = "exit_head"  # exit_head | lora | full (a trainable copy of layers[:draft_exit])
+    exits: tuple[int, ...] = ()  # exits trained (exit E runs layers [0, E)); () = 1..L-1 (exit_head), draft_exit (else)
     draft_exit: int = 0  # exit used for drafting; 0 = max(1, L // 4)
     adapter_rank: int = 0  # low-rank adapter inside each exit head; 0 = RMSNorm only
     loss: str = "kl"  # kl (to the target's next-token distribution, self-distillation) | ce (token labels)
@@ -24,13 +24,13 @@ class LayerSkipConfig:
     lora_alpha: int = 16
     lora_dropout: float = 0.0
     lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-    layer_dropout: float = 0.0  # lora mode: max rate of LayerSkip's layer dropout over layers[:draft_exit]
+    layer_dropout: float = 0.0  # lora/full mode: max rate of LayerSkip's layer dropout over layers[:draft_exit]
     eval_depth: int = 8  # draft positions `position_accuracy` reports by default
 
     def resolved(self, num_layers: int, vocab_size: int) -> LayerSkipConfig:
         """Defaults filled in for a target and checked (exits in 1..L-1, draft_exit among them)."""
-        if self.mode not in ("exit_head", "lora"):
-            raise ValueError(f"LayerSkip mode {self.mode!r} not one of ['exit_head', 'lora']")
+        if self.mode not in ("exit_head", "lora", "full"):
+            raise ValueError(f"LayerSkip mode {self.mode!r} not one of ['exit_head', 'lora', 'full']")
         if self.loss not in ("ce", "kl"):
             raise ValueError(f"LayerSkip loss {self.loss!r} not one of ['ce', 'kl']")
         L = num_layers
@@ -42,8 +42,8 @@ class LayerSkipConfig:
                              "(exit E runs layers [0, E))")
         if draft not in exits:
             raise ValueError(f"draft_exit {draft} is not among the trained exits {list(exits)}")
-        if self.mode == "lora" and exits != (draft,):
-            raise ValueError(f"lora mode trains one exit (draft_exit {draft}), got exits {list(exits)}")
+        if self.mode != "exit_head" and exits != (draft,):
+            raise ValueError(f"{self.mode} mode trains one exit (draft_exit {draft}), got exits {list(exits)}")
         if self.lora_rank < 1 or self.adapter_rank < 0:
             raise ValueError(f"lora_rank must be >= 1 and adapter_rank >= 0, got {self.lora_rank}, {self.adapter_rank}")
         layers = tuple(sorted({int(i) for i in self.lora_layers}))

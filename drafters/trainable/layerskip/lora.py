@@ -8,12 +8,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import torch
 from torch import Tensor, nn
 
 from decode.target import Target
-from drafters.trainable.draft_layer import causal_padding_mask
-from drafters.trainable.losses import layer_dropout_rates
+from drafters.trainable.layerskip.early import early_states
 
 ADAPTER = "draftsmith_layerskip"  # peft adapter name inside the target's modules
 PEFT_PREFIX = "base_model.model."  # key prefix of a standard peft adapter directory
@@ -62,20 +60,9 @@ class LoraAdapters:
             self.set(False)
 
     def early_states(self, target: Target, batch: dict, layer_dropout: float) -> Tensor:
-        """The target's layers[:E] with the adapters on, each skipped at LayerSkip's layer-dropout rate for its
-        depth (max `layer_dropout`; 0 = none), on a right-padded batch. -> [B, T, H]"""
-        ids, am = batch["input_ids"], batch["attention_mask"]
-        if bool((am[:, 1:] > am[:, :-1]).any()):
-            raise ValueError("LayerSkip lora mode needs right-padded batches (attention_mask 1...1 0...0)")
-        E, skip = self.n_layers, frozenset()
-        if layer_dropout > 0:
-            rates = torch.tensor(layer_dropout_rates(E, layer_dropout))
-            skip = frozenset(torch.nonzero(torch.rand(E) < rates).view(-1).tolist())
-        positions = torch.arange(ids.shape[1], device=target.device)
+        """The target's layers[:E] with the adapters on over a right-padded batch (early.early_states). -> [B, T, H]"""
         with self.on():
-            h, _ = target.run_layers(target.embed_tokens(ids.to(target.device)), 0, E, None, positions,
-                                     causal_padding_mask(am.to(target.device), target.dtype), skip=skip)
-        return h
+            return early_states(target, batch, self.n_layers, layer_dropout)
 
     def save(self, out: Path, state: dict[str, Tensor] | None = None) -> None:
         """A standard peft adapter directory (adapter_config.json + adapter_model.safetensors). `state`: the

@@ -1,6 +1,7 @@
-"""LayerSkip on a frozen target: trained early-exit heads, optionally with LoRA on the early layers (DESIGN §4).
+"""LayerSkip on a frozen target: trained early-exit heads, optionally with LoRA on the early layers or a trained
+copy of them (DESIGN §4).
 
-The verifier stays the original model, so decoding stays lossless. Two modes:
+The verifier stays the original model, so decoding stays lossless. Three modes:
 - `exit_head`: per exit layer E a head = RMSNorm (initialised from the target's final norm) + an
   optional low-rank adapter (up-projection zero-init), then the frozen LM head. Untrained, exit E is
   exactly `early-exit:E`. Layers < E are untouched, so drafting runs them on the target's own KV
@@ -12,6 +13,8 @@ The verifier stays the original model, so decoding stays lossless. Two modes:
   forward (prefill, verification, feature extraction) is the plain model. The adapted layers compute
   other KV than the target's, so the drafter keeps its own KV cache (no reuse). One LoRA drafter per
   target instance.
+- `full`: a trainable copy of layers[:E] plus the exit head (early.py): the LayerSkip paper's trained early
+  layers, kept apart from the frozen target; its own KV cache like `lora`; the copy is in the checkpoint.
 """
 
 from __future__ import annotations
@@ -26,13 +29,15 @@ from decode.target import Target
 from drafters.common import LMDrafter
 from drafters.sources.early_exit import early_exit
 from drafters.trainable.layerskip.config import LayerSkipConfig
+from drafters.trainable.layerskip.early import copy_layers, early_states
 from drafters.trainable.layerskip.heads import ExitHead, exit_logits
 from drafters.trainable.layerskip.lora import LoraAdapters
 from drafters.trainable.layerskip.objective import chain_accuracy, exit_loss
 
 
 class LayerSkip(nn.Module):
-    """Exit heads (and LoRA adapters) on a frozen target; `module(batch, step)` is the training loss."""
+    """Exit heads (and LoRA adapters or copied early layers) on a frozen target; `module(batch, step)` is the
+    training loss."""
 
     kind = "layerskip"
 
@@ -46,7 +51,9 @@ class LayerSkip(nn.Module):
         with torch.device(target.device):
             self.exits = nn.ModuleDict({str(e): ExitHead(target.norm.weight.float(), eps, cfg.adapter_rank)
                                         for e in cfg.exits})
-        self.adapters = None
+        self.adapters, self.early = None, None
+        if cfg.mode == "full":
+            self.early = copy_layers(target, cfg.draft_exit)
         if cfg.mode == "lora":
             self.adapters = LoraAdapters(target.model, cfg.draft_exit, cfg.lora_rank, cfg.lora_alpha,
                                          cfg.lora_dropout, cfg.lora_targets, cfg.lora_layers)
@@ -70,11 +77,14 @@ class LayerSkip(nn.Module):
         return exit_logits(self.exits[str(exit_id)], self.target.lm_head, h)
 
     def exit_states(self, batch: dict, exit_id: int) -> Tensor:
-        """Layer-E states [B, T, H]: the batch's (exit_head mode) or the adapted layers' (lora mode, with layer
-        dropout while training)."""
+        """Layer-E states [B, T, H]: the batch's (exit_head mode), the adapted layers' (lora mode) or the copied
+        layers' (full mode); the last two with layer dropout while training."""
+        dropout = self.config.layer_dropout if self.training else 0.0
+        if self.early is not None:
+            return early_states(self.target, batch, exit_id, dropout, layers=self.early)
         if self.adapters is None:
             return batch["hidden"][exit_id]
-        return self.adapters.early_states(self.target, batch, self.config.layer_dropout if self.training else 0.0)
+        return self.adapters.early_states(self.target, batch, dropout)
 
     def forward(self, batch: dict, step: int = 0) -> tuple[Tensor, dict[str, float]]:
         """= loss(batch, step); call the module itself so DDP/accelerate wrappers see the forward."""
@@ -93,22 +103,25 @@ class LayerSkip(nn.Module):
                               self.exit_logits, self.exit_states)
 
     def drafter(self, name: str | None = None):
-        """exit_head: early exit at draft_exit with this head, reusing the target's KV; lora: own cache."""
+        """exit_head: early exit at draft_exit with this head, reusing the target's KV; lora, full: own cache."""
         self.eval()
         name = name or f"{self.kind}:{self.config.draft_exit}"
         E = self.config.draft_exit
         if self.config.mode == "exit_head":
             return early_exit(self.target, E, reuse=True, head=lambda h: self.exit_logits(E, h), name=name)
-        return lora_exit(self, name)
+        return own_layers_exit(self, name)
 
 
-def lora_exit(module: LayerSkip, name: str) -> LMDrafter:
-    """LayerSkip-LoRA drafting: layers[:E] with adapters on + the exit head, on the drafter's own KV cache."""
-    t, E = module.target, module.config.draft_exit
+def own_layers_exit(module: LayerSkip, name: str) -> LMDrafter:
+    """LayerSkip-LoRA / -full drafting: layers[:E] with the adapters on (or the copied layers) + the exit head,
+    on the drafter's own KV cache."""
+    t, E, layers = module.target, module.config.draft_exit, module.early
+    dtype = t.dtype if layers is None else next(layers.parameters()).dtype  # full: the copy's (decoding casts it)
 
     def run(ids: Tensor, positions: Tensor, mask: Tensor | None, cache) -> tuple[Tensor, Tensor]:
         with module.adapters_on():
-            h, _ = t.run_layers(t.embed(ids), 0, E, cache, positions, mask)
+            h, _ = t.run_layers(t.embed(ids).to(dtype), 0, E, cache, positions,
+                                None if mask is None else mask.to(dtype), layers=layers)
         return module.exit_logits(E, h)[0], h[0]  # [T, V], [T, D]
 
     return LMDrafter(name, run, t.dtype, t.device, t.num_layers, shared=False)

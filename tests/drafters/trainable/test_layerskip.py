@@ -1,4 +1,5 @@
-"""LayerSkip: exit heads start as the untrained early exit, train with the exit loss; LoRA never touches verification."""
+"""LayerSkip: exit heads start as the untrained early exit, train with the exit loss; LoRA and the copied layers
+never touch verification."""
 
 from __future__ import annotations
 
@@ -31,6 +32,9 @@ def test_exit_head_keys_and_features(tiny):
     lora = LayerSkip(tiny, LayerSkipConfig(mode="lora", draft_exit=2))
     assert lora.feature_ids() == (L,) and lora.config.exits == (2,)
     assert not any(k.startswith(("embed", "lm_head", "model.")) for k in lora.state_dict())
+    full = LayerSkip(tiny, LayerSkipConfig(mode="full", draft_exit=2))
+    assert full.feature_ids() == (L,) and full.config.exits == (2,)
+    assert set(full.state_dict()) == {"exits.2.norm.weight"} | {f"early.{k}" for k in tiny.layers[:2].state_dict()}
 
 
 def test_bad_configs(tiny):
@@ -39,15 +43,18 @@ def test_bad_configs(tiny):
         LayerSkip(tiny, LayerSkipConfig(exits=(1, L)))
     with pytest.raises(ValueError, match="not among"):
         LayerSkip(tiny, LayerSkipConfig(exits=(1, 2), draft_exit=3))
-    with pytest.raises(ValueError, match="one exit"):
-        LayerSkip(tiny, LayerSkipConfig(mode="lora", exits=(1, 2), draft_exit=2))
+    for mode in ("lora", "full"):
+        with pytest.raises(ValueError, match=f"{mode} mode trains one exit"):
+            LayerSkip(tiny, LayerSkipConfig(mode=mode, exits=(1, 2), draft_exit=2))
     with pytest.raises(ValueError, match="curriculum"):
         m = LayerSkip(tiny, LayerSkipConfig(curriculum="sideways"))
         m(make_batch(tiny, random_sequences(tiny, 1, 6), m.feature_ids()))
 
 
-def test_untrained_exit_head_drafts_exactly_like_early_exit(tiny):
-    m = LayerSkip(tiny, LayerSkipConfig(draft_exit=2, adapter_rank=4))
+@pytest.mark.parametrize("cfg", [LayerSkipConfig(draft_exit=2, adapter_rank=4), LayerSkipConfig(mode="full", draft_exit=2)],
+                         ids=["exit-head", "full"])
+def test_untrained_drafts_exactly_like_early_exit(tiny, cfg):
+    m = LayerSkip(tiny, cfg)
     trees = []
     for d in (m.drafter(), early_exit(tiny, 2)):
         rounds = record_rounds(d)
@@ -71,7 +78,8 @@ def test_exit_head_chain_reuses_the_targets_kv(tiny):
     LayerSkipConfig(exits=(1, 2, 3), adapter_rank=8, curriculum="gradual", curriculum_steps=20, loss="ce",
                     scale="linear"),
     LayerSkipConfig(mode="lora", draft_exit=2, lora_rank=4, layer_dropout=0.2),
-], ids=["exit-head-rotational", "exit-head-gradual-ce", "lora-layer-dropout"])
+    LayerSkipConfig(mode="full", draft_exit=2, layer_dropout=0.2),
+], ids=["exit-head-rotational", "exit-head-gradual-ce", "lora-layer-dropout", "full-layer-dropout"])
 @pytest.mark.parametrize("family", ["qwen3", "llama"])
 def test_loss_decreases(family, cfg):
     torch.manual_seed(0)
@@ -99,6 +107,19 @@ def test_lora_verification_equals_the_plain_target(tiny):
     assert all(p.requires_grad for p in m.lora.parameters())
 
 
+def test_full_mode_trains_its_copy_and_leaves_the_target_alone(tiny):
+    ids = torch.tensor([1, 5, 9, 33, 17, 4, 60, 2, 8])
+    plain = tiny.forward(ids, None).logits
+    before = {k: v.clone() for k, v in tiny.layers[:2].state_dict().items()}
+    m = LayerSkip(tiny, LayerSkipConfig(mode="full", draft_exit=2))
+    fit(m.train(), make_batch(tiny, random_sequences(tiny, 2, 12), m.feature_ids()), steps=5)
+    moved = [k for k, v in m.early.state_dict().items() if not torch.equal(v, before[k])]
+    assert moved and all(torch.equal(v, before[k]) for k, v in tiny.layers[:2].state_dict().items())
+    assert not any(p.requires_grad for p in tiny.layers.parameters())
+    generate(tiny, m.drafter(), PROMPT, 10, shape=Shape("dynamic", topk=2, depth=2, nodes=4))
+    assert torch.equal(tiny.forward(ids, None).logits, plain)  # verification is the plain target
+
+
 def test_one_lora_drafter_per_target(tiny):
     LayerSkip(tiny, LayerSkipConfig(mode="lora", draft_exit=2))
     with pytest.raises(ValueError, match="already carries peft adapters"):
@@ -114,7 +135,8 @@ def test_lora_needs_right_padding(tiny):
 
 
 @pytest.mark.parametrize("cfg", [LayerSkipConfig(adapter_rank=4, loss="kl"), LayerSkipConfig(adapter_rank=4, loss="ce"),
-                                 LayerSkipConfig(mode="lora", draft_exit=2, lora_rank=4)], ids=["kl", "ce", "lora"])
+                                 LayerSkipConfig(mode="lora", draft_exit=2, lora_rank=4),
+                                 LayerSkipConfig(mode="full", draft_exit=2)], ids=["kl", "ce", "lora", "full"])
 def test_loss_on_loss_rows_only_equals_the_all_rows_loss(tiny, cfg):
     """The exit loss runs the exit heads only on rows that carry a loss: its value, accuracies and gradients
     equal the loss with every exit's head over every row, masked. The batch has a prompt and right padding."""
