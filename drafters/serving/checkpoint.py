@@ -4,7 +4,8 @@ config.json: {"draftsmith_drafter": kind, "format_version", "config": the drafte
 "target": {"name_or_path", "fingerprint", "tokenizer" (vocabulary digest, for `draftsmith doctor`)},
 "capture_ids" (HF hidden-state ids), "draft_vocab_size", "recipe"}.
 model.safetensors: the module's state dict, i.e. only what the drafter trained (and EAGLE-3's
-d2t/t2d): the target's embedding and LM head are never in it. LayerSkip-LoRA keeps its adapter in
+d2t/t2d): the target's embedding and LM head are never in it (LayerSkip mode full's trained copy of the
+target's first layers is: `early.<i>.<the layer's own keys>`). LayerSkip-LoRA keeps its adapter in
 `adapter/` as a standard peft adapter directory. Loading reads safetensors only (never unpickles) and
 refuses a target whose config fingerprint differs from the one the drafter was trained on.
 """
