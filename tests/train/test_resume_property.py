@@ -96,8 +96,9 @@ def kill_points(kind: str) -> list[str]:
     """Three seeded random kill points, in run order: after an odd micro-batch (mid-accumulation), right
     after a complete checkpoint at a later step, after a micro-batch inside epoch 2 or 3."""
     rng = random.Random(f"resume-property:{kind}")
-    mid = rng.choice([m for m in range(3, 10) if m % ACCUM])
-    saved = rng.choice([s for s in range(SAVE_EVERY, STEPS, SAVE_EVERY) if s * ACCUM > mid and s * ACCUM < 11])
+    saves = [s for s in range(SAVE_EVERY, STEPS, SAVE_EVERY) if s * ACCUM < 11]  # checkpoints in epochs 1-2
+    mid = rng.choice([m for m in range(3, max(saves) * ACCUM) if m % ACCUM])  # one has a checkpoint after it
+    saved = rng.choice([s for s in saves if s * ACCUM > mid])
     late = rng.randrange(max(2 * MICRO_PER_EPOCH, saved * ACCUM) + 1, STEPS * ACCUM)
     return [f"train.micro:{mid}", f"train.saved:{saved}", f"train.micro:{late}"]
 
@@ -137,7 +138,7 @@ def test_killed_three_times_resumes_bit_for_bit(home, tmp_path, kind):
 
 
 def test_kill_points_cover_the_three_cases():
-    for kind in KINDS:
+    for kind in [*KINDS, *(f"a-future-kind-{i}" for i in range(200))]:  # any name draws valid points
         mid, saved, late = (int(p.split(":")[1]) for p in kill_points(kind))
         assert mid % ACCUM and saved * ACCUM > mid and late // MICRO_PER_EPOCH >= 2 and late > saved * ACCUM
 
