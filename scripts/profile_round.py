@@ -6,7 +6,10 @@ For each drafter SPEC, on the same chat prompts (MT-bench first turns, the chat 
 2. the verify pass cost vs tokens (decode.costmodel's curve, after a chat-length prefix), so a tree
    size can be read against what it costs, and the verify step with the LM head on every row (how
    the decoder verified before) vs on the visited rows only (decode.verify.LazyRows), alternated;
-3. the top ops by self CPU time (torch.profiler over one more generation), grouped by input shape —
+3. the body's linears by shape against the rows they cover, hot (one weight matrix over and over: it stays in
+   cache) vs streamed (every layer's matrix of that shape in turn, as a pass reads them), with the bytes per
+   second the streamed figure implies — whether a pass is bound by weight streaming or by the gemm itself;
+4. the top ops by self CPU time (torch.profiler over one more generation), grouped by input shape —
    the LM head over 49k words, attention, the MLP matmuls, mask and cache bookkeeping.
 
     python scripts/profile_round.py [--target DIR] [--dtype float32|bfloat16] [--threads 1] [--limit 2]
@@ -73,6 +76,36 @@ def head_ab(target: Target, n: int, prefix: int, repeats: int = 5) -> tuple[floa
     return statistics.median(times[False]), statistics.median(times[True])
 
 
+@torch.inference_mode()
+def linear_costs(target: Target, rows: tuple[int, ...], repeats: int = 5) -> list[tuple[str, int, float, float, float]]:
+    """Per distinct body linear shape and row count: (shape, rows, hot µs, streamed µs, streamed GB/s).
+
+    Hot times one layer's matrix `repeats` x layers times; streamed runs every layer's matrix of that shape once
+    per sweep (median sweep / layers), so its weights come from memory the way a pass reads them."""
+    by_shape: dict[tuple[int, int], list[torch.Tensor]] = {}
+    for layer in target.layers:
+        for m in layer.modules():
+            if isinstance(m, torch.nn.Linear):
+                by_shape.setdefault(tuple(m.weight.shape), []).append(m.weight)
+    out = []
+    for (o, i), ws in by_shape.items():
+        for n in rows:
+            x = torch.randn(n, i, dtype=ws[0].dtype)
+            sweeps: dict[str, list[float]] = {"hot": [], "streamed": []}
+            for r in range(2 * repeats + 2):
+                kind = "streamed" if r % 2 else "hot"
+                mats = ws if kind == "streamed" else [ws[0]] * len(ws)
+                t0 = time.perf_counter()
+                for w in mats:
+                    torch.nn.functional.linear(x, w)
+                if r >= 2:  # the first pair warms up
+                    sweeps[kind].append((time.perf_counter() - t0) / len(ws))
+            hot, streamed = statistics.median(sweeps["hot"]), statistics.median(sweeps["streamed"])
+            out.append((f"{o} x {i} ({len(ws)})", n, 1e6 * hot, 1e6 * streamed,
+                        ws[0].numel() * ws[0].element_size() / streamed / 1e9))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("specs", nargs="*", default=["ar", "early-exit:8"], help="drafter SPECs (SPEC@TREE allowed)")
@@ -117,7 +150,12 @@ def main(argv: list[str] | None = None) -> int:
         full, lazy = head_ab(target, n, args.prefix)
         print(f"{n:>3} verified tokens{'':<14} {1000 * full:>17.1f} {1000 * lazy:>18.1f} {1 - lazy / full:>6.0%}")
 
-    # 3. the ops inside one generation per SPEC.
+    # 3. the body's linears: streaming-bound (streamed >> hot) or gemm-bound (streamed ~ hot)?
+    print(f"\n{'body linear (matrices)':<24} {'rows':>5} {'hot us':>8} {'streamed us':>12} {'streamed GB/s':>14}")
+    for shape, n, hot, streamed, gbs in linear_costs(target, (1, 2, 4, 8)):
+        print(f"{shape:<24} {n:>5} {hot:>8.0f} {streamed:>12.0f} {gbs:>14.1f}")
+
+    # 4. the ops inside one generation per SPEC.
     for spec, r in runners:
         with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
             r.run(prompts[0], args.max_new_tokens, cfg.sampling, 0)
