@@ -80,8 +80,9 @@ def head_ab(target: Target, n: int, prefix: int, repeats: int = 5) -> tuple[floa
 def linear_costs(target: Target, rows: tuple[int, ...], repeats: int = 5) -> list[tuple[str, int, float, float, float]]:
     """Per distinct body linear shape and row count: (shape, rows, hot µs, streamed µs, streamed GB/s).
 
-    Hot times one layer's matrix `repeats` x layers times; streamed runs every layer's matrix of that shape once
-    per sweep (median sweep / layers), so its weights come from memory the way a pass reads them."""
+    Each sweep runs as many products as there are layers with that shape: hot, the first layer's matrix every time
+    (it stays in cache); streamed, every layer's matrix once, so its weights come from memory the way a pass reads
+    them. Sweeps alternate; each figure is the median sweep over `repeats`, divided by the layers."""
     by_shape: dict[tuple[int, int], list[torch.Tensor]] = {}
     for layer in target.layers:
         for m in layer.modules():
