@@ -24,8 +24,20 @@ def copy_layers(target: Target, n: int) -> nn.ModuleList:
     if any(p.numel() == 0 for p in target.layers[:n].parameters()):
         raise ValueError("the target's layers are partitioned (ZeRO-3/FSDP): LayerSkip mode full copies them "
                          "whole; train it with DDP or ZeRO-1/2, or use mode lora")
-    layers = nn.ModuleList(copy.deepcopy(target.layers[i]) for i in range(n)).float()
+    layers = nn.ModuleList(without_lora(copy.deepcopy(target.layers[i])) for i in range(n)).float()
     return layers.requires_grad_(True)
+
+
+def without_lora(layer: nn.Module) -> nn.Module:
+    """`layer` with any peft LoRA wrapper replaced by the module it wraps: a LoRA LayerSkip drafter loaded
+    earlier on the same target (a benchmark comparing the two modes) leaves its wrappers in the target's
+    layers, and a copy must hold the plain weights only."""
+    for name, module in list(layer.named_modules()):
+        base = getattr(module, "base_layer", None)
+        if name and isinstance(base, nn.Module):
+            parent, _, child = name.rpartition(".")
+            setattr(layer.get_submodule(parent) if parent else layer, child, base)
+    return layer
 
 
 def early_states(target: Target, batch: dict, n: int, layer_dropout: float,

@@ -34,7 +34,8 @@ def test_exit_head_keys_and_features(tiny):
     assert not any(k.startswith(("embed", "lm_head", "model.")) for k in lora.state_dict())
     full = LayerSkip(tiny, LayerSkipConfig(mode="full", draft_exit=2))
     assert full.feature_ids() == (L,) and full.config.exits == (2,)
-    assert set(full.state_dict()) == {"exits.2.norm.weight"} | {f"early.{k}" for k in tiny.layers[:2].state_dict()}
+    plain = {k.replace(".base_layer", "") for k in tiny.layers[:2].state_dict() if ".lora_" not in k}
+    assert set(full.state_dict()) == {"exits.2.norm.weight"} | {f"early.{k}" for k in plain}  # the LoRA above stays out
 
 
 def test_bad_configs(tiny):
@@ -118,6 +119,14 @@ def test_full_mode_trains_its_copy_and_leaves_the_target_alone(tiny):
     assert not any(p.requires_grad for p in tiny.layers.parameters())
     generate(tiny, m.drafter(), PROMPT, 10, shape=Shape("dynamic", topk=2, depth=2, nodes=4))
     assert torch.equal(tiny.forward(ids, None).logits, plain)  # verification is the plain target
+
+
+def test_full_mode_after_a_lora_drafter_on_the_same_target_copies_plain_layers(tiny):
+    # a benchmark loads a LoRA drafter, then a full one, on one target: the copy must not carry the LoRA wrappers
+    fresh = LayerSkip(tiny, LayerSkipConfig(mode="full", draft_exit=2)).state_dict()
+    LayerSkip(tiny, LayerSkipConfig(mode="lora", draft_exit=2, lora_rank=4))
+    after = LayerSkip(tiny, LayerSkipConfig(mode="full", draft_exit=2)).state_dict()
+    assert set(after) == set(fresh) and all(torch.equal(after[k], fresh[k]) for k in fresh)
 
 
 def test_one_lora_drafter_per_target(tiny):
