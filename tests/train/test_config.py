@@ -143,7 +143,7 @@ def test_smollm2_recipes_fit_the_real_target_and_share_their_data():
         # identical data and feature sections: the first recipe run pays for regeneration and extraction
         assert (r.seed, r.data, r.features) == (recipes["eagle3"].seed, recipes["eagle3"].data, recipes["eagle3"].features)
     ls = recipes["layerskip"].drafter.layerskip.resolved(L, V)
-    assert (ls.mode, ls.exits, ls.draft_exit) == ("lora", (8,), 8)
+    assert (ls.mode, ls.exits, ls.draft_exit) == ("full", (8,), 8)
     assert recipes["eagle3"].drafter.eagle3.draft_vocab_size < V
 
 
