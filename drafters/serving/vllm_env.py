@@ -19,6 +19,7 @@ import argparse
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -148,6 +149,24 @@ def cpu_head_dim_ok(config) -> bool:
 # --- 3. run ---------------------------------------------------------------------------------------------
 
 
+# The worker runs under this guard (`python -c GUARD PARENT_PID SCRIPT ...`): vLLM's engine core is a child of the
+# worker that outlives it, so a killed worker (or a killed `python -m train`, the worker's parent) left an engine
+# burning the CPU for good (seen: a stopped regeneration's engine core at 100% of a core, re-parented to init).
+# The worker leads its own process group (start_new_session); on SIGTERM — which the kernel also sends when its
+# parent dies (PR_SET_PDEATHSIG, Linux) — it kills that whole group, itself and the engine's processes included.
+GUARD = """import ctypes, os, runpy, signal, sys
+signal.signal(signal.SIGTERM, lambda *_: os.killpg(0, signal.SIGKILL))
+if sys.platform == "linux":
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+try:  # the parent may have died before the line above
+    os.kill(int(sys.argv[1]), 0)
+except ProcessLookupError:
+    os.killpg(0, signal.SIGKILL)
+sys.argv = sys.argv[2:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
 def run_worker(
     py: Path,
     script: Path,
@@ -171,21 +190,28 @@ def run_worker(
         | (env or {})
     )
     log = work / "vllm.log"
+    cmd = [str(py), "-c", GUARD, str(os.getpid()), str(script.resolve()), str(work / "job.json"), str(result)]
     with open(log, "w") as f:
-        proc = subprocess.run(
-            [str(py), str(script), str(work / "job.json"), str(result)],
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            env=full_env,
-            timeout=timeout,
-            cwd=work,
-        )
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=full_env, cwd=work, start_new_session=True)
+        try:
+            proc.wait(timeout=timeout)
+        finally:  # a timeout, Ctrl-C or a clean exit alike: nothing of the worker's group outlives this call
+            kill_group(proc.pid)
+            proc.wait()
     if not result.is_file():
         tail = log.read_text().strip().splitlines()[-1:] or ["(no output)"]
         raise RuntimeError(
             f"the vLLM worker exited {proc.returncode} without a result: {tail[0]} (log: {log})"
         )
     return json.loads(result.read_text())
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL a finished or running worker's process group (its engine's processes); gone already is fine."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def main(argv: list[str] | None = None) -> int:
