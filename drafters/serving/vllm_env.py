@@ -157,7 +157,7 @@ def cpu_head_dim_ok(config) -> bool:
 GUARD = """import ctypes, os, runpy, signal, sys
 signal.signal(signal.SIGTERM, lambda *_: os.killpg(0, signal.SIGKILL))
 if sys.platform == "linux":
-    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+    ctypes.CDLL(None).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
 try:  # the parent may have died before the line above
     os.kill(int(sys.argv[1]), 0)
 except ProcessLookupError:
