@@ -8,8 +8,8 @@ is the drafter of an s-step run, and one run gives the whole curve:
         train.schedule=constant train.save_every=125 train.keep_checkpoints=20 train.eval_every=0 train.sim_eval_prompts=0
     # (b) training tokens at a fixed number of epochs (one): a single pass over more answers; the
     #     checkpoint after N trained tokens is a one-epoch run over a random N-token subset (FINDINGS.md,
-    #     session 42). Not yet run beside it: the same steps over a fixed 993 of those answers
-    #     (train.max_sequences=993), one pass over more data against more passes over less at each step
+    #     session 42). Beside it (session 43): the same steps over a fixed 993 of those answers
+    #     (train.max_sequences=993), more passes over less data against one pass over more at each step
     python -m train recipes/smollm2-135m/eagle3.yaml run_dir=runs/s42/e3-pass data.max_records=5376 \\
         train.steps=1300 train.schedule=constant train.save_every=80 train.keep_checkpoints=20 ...
     python scripts/learning_curve.py runs/s42/e3-pass --steps 80,160,320,640,1300 --out runs/s42/eval-pass
