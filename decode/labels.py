@@ -61,14 +61,28 @@ def label_of(d: dict) -> str:
     return row_label(d["spec"], d.get("shape"), d.get("drafter_kind"), bool(d.get("auto")))
 
 
+def drafter_name(spec: str) -> str:
+    """The name a trained drafter's directory goes by: its own, or its run's for a run's `export/`
+    (`runs/s43/e3-2500-5k/export@auto` -> `e3-2500-5k`)."""
+    path = Path(spec.rpartition("@")[0] if "@" in spec else spec)
+    return path.parent.name if path.name == "export" and path.parent.name else path.name
+
+
 def distinct_labels(ds: list[dict]) -> dict[str, str]:
-    """spec -> label_of, with the drafter's directory name added where two rows would read the same (two trained
-    EAGLE-3 drafters in one report: `eagle3 · chain 8 (e3-2500)`)."""
+    """spec -> label_of, with the drafter's directory name added to every row of a drafter whose kind another
+    drafter directory in the report shares (two trained EAGLE-3 drafters: `eagle3 · chain 8 (e3-2500)`, and their
+    `auto` rows too, whose shapes may differ), and to any two rows that would still read the same."""
     labels = {d["spec"]: label_of(d) for d in ds}
+    base = {d["spec"]: d["spec"].rpartition("@")[0] if "@" in d["spec"] else d["spec"] for d in ds}
+    dirs: dict[str, set[str]] = {}  # drafter kind -> the directories it comes from (not self-naming sources)
+    for d in ds:
+        if d.get("drafter_kind") and base[d["spec"]] not in labels[d["spec"]]:
+            dirs.setdefault(d["drafter_kind"], set()).add(base[d["spec"]].rstrip("/"))
     counts = Counter(labels.values())
     for d in ds:
-        if counts[labels[d["spec"]]] > 1:
-            labels[d["spec"]] += f" ({Path(d['spec'].split('@')[0].rstrip('/')).name})"
+        shared = len(dirs.get(d.get("drafter_kind"), ())) > 1 and base[d["spec"]] not in labels[d["spec"]]
+        if shared or counts[labels[d["spec"]]] > 1:
+            labels[d["spec"]] += f" ({drafter_name(d['spec'].rstrip('/'))})"
     return labels
 
 

@@ -57,3 +57,19 @@ def test_two_drafters_of_one_kind_get_distinct_labels():
     ds.append({"spec": "ar", "shape": None, "drafter_kind": None, "auto": None})
     assert distinct_labels(ds) == {"runs/a/e3-2500": "eagle3 · chain 8 (e3-2500)",
                                    "recipes/x/drafters/eagle3/": "eagle3 · chain 8 (eagle3)", "ar": "AR"}
+
+
+def test_every_row_of_two_drafters_of_one_kind_is_tagged_and_exports_go_by_their_run():
+    ds = [{"spec": s, "shape": shape, "drafter_kind": "eagle3", "auto": auto}
+          for s, shape, auto in (("runs/s43/e3-5k/export", "chain k=8", None),
+                                 ("runs/s43/e3-5k/export@auto", "dynamic:topk=4,depth=2,nodes=8", {"shape": "x"}),
+                                 ("recipes/x/drafters/eagle3", "chain k=8", None),
+                                 ("recipes/x/drafters/eagle3@auto", "dynamic:topk=4,depth=1,nodes=4", {"shape": "x"}))]
+    ds += [{"spec": "early-exit:4", "shape": "chain k=8", "drafter_kind": "early-exit", "auto": None},
+           {"spec": "early-exit:8", "shape": "chain k=8", "drafter_kind": "early-exit", "auto": None},
+           {"spec": "runs/m/export", "shape": "chain k=8", "drafter_kind": "medusa", "auto": None}]
+    assert distinct_labels(ds) == {
+        "runs/s43/e3-5k/export": "eagle3 · chain 8 (e3-5k)", "runs/s43/e3-5k/export@auto": "eagle3 · auto: tree 8 (e3-5k)",
+        "recipes/x/drafters/eagle3": "eagle3 · chain 8 (eagle3)",
+        "recipes/x/drafters/eagle3@auto": "eagle3 · auto: top-4 (eagle3)",
+        "early-exit:4": "early-exit:4 · chain 8", "early-exit:8": "early-exit:8 · chain 8", "runs/m/export": "medusa · chain 8"}
