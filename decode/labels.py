@@ -61,11 +61,11 @@ def label_of(d: dict) -> str:
     return row_label(d["spec"], d.get("shape"), d.get("drafter_kind"), bool(d.get("auto")))
 
 
-def drafter_name(spec: str) -> str:
+def drafter_name(path: str) -> str:
     """The name a trained drafter's directory goes by: its own, or its run's for a run's `export/`
-    (`runs/s43/e3-2500-5k/export@auto` -> `e3-2500-5k`)."""
-    path = Path(spec.rpartition("@")[0] if "@" in spec else spec)
-    return path.parent.name if path.name == "export" and path.parent.name else path.name
+    (`runs/s43/e3-2500-5k/export` -> `e3-2500-5k`)."""
+    p = Path(path)
+    return p.parent.name if p.name == "export" and p.parent.name else p.name
 
 
 def distinct_labels(ds: list[dict]) -> dict[str, str]:
@@ -73,16 +73,17 @@ def distinct_labels(ds: list[dict]) -> dict[str, str]:
     drafter directory in the report shares (two trained EAGLE-3 drafters: `eagle3 · chain 8 (e3-2500)`, and their
     `auto` rows too, whose shapes may differ), and to any two rows that would still read the same."""
     labels = {d["spec"]: label_of(d) for d in ds}
-    base = {d["spec"]: d["spec"].rpartition("@")[0] if "@" in d["spec"] else d["spec"] for d in ds}
-    dirs: dict[str, set[str]] = {}  # drafter kind -> the directories it comes from (not self-naming sources)
+    base = {d["spec"]: d["spec"].partition("@")[0].rstrip("/") for d in ds}
+    named = {s for s in labels if base[s] not in labels[s]}  # rows whose label does not already say their source
+    dirs: dict[str, set[str]] = {}  # drafter kind -> the directories its rows come from
     for d in ds:
-        if d.get("drafter_kind") and base[d["spec"]] not in labels[d["spec"]]:
-            dirs.setdefault(d["drafter_kind"], set()).add(base[d["spec"]].rstrip("/"))
+        if d.get("drafter_kind") and d["spec"] in named:
+            dirs.setdefault(d["drafter_kind"], set()).add(base[d["spec"]])
     counts = Counter(labels.values())
     for d in ds:
-        shared = len(dirs.get(d.get("drafter_kind"), ())) > 1 and base[d["spec"]] not in labels[d["spec"]]
+        shared = d["spec"] in named and len(dirs.get(d.get("drafter_kind"), ())) > 1
         if shared or counts[labels[d["spec"]]] > 1:
-            labels[d["spec"]] += f" ({drafter_name(d['spec'].rstrip('/'))})"
+            labels[d["spec"]] += f" ({drafter_name(base[d['spec']])})"
     return labels
 
 
