@@ -313,6 +313,9 @@ def regenerate(target: Target, records: datasets.Dataset | None, cfg: RegenConfi
         done = sum(shard_path(out, s).exists() for s, _ in shards)
         print(f"[regen] {out}: " + (f"reusing all {done} shards ({len(jobs)} sequences)" if done == len(shards) else
                                      f"{done}/{len(shards)} shards done, sampling the rest"), flush=True)
+        if done < len(shards) and cfg.engine == "auto" and not cfg.out_dir and (prior := other_engine_dir(target, manifest)):
+            print(f"[regen] note: {prior} holds these answers sampled by {other_engine(manifest)} (what engine auto chose "
+                  f"before); data.regenerate.engine={other_engine(manifest)} reuses it instead of sampling anew", flush=True)
     barrier()
     # 2. this rank's shards, skipping finished ones.
     mine = [(s, js) for s, js in shards if s % world == rank and not shard_path(out, s).exists()]
@@ -340,6 +343,21 @@ def regenerate(target: Target, records: datasets.Dataset | None, cfg: RegenConfi
             write_jsonl(shard_path(out, s), rows)
     barrier()
     return out
+
+
+def other_engine(manifest: dict) -> str:
+    return "hf" if manifest["engine"] == "vllm" else "vllm"
+
+
+def other_engine_dir(target: Target, manifest: dict) -> Path | None:
+    """The default directory of the same data sampled by the other engine, when it holds shards.
+
+    engine auto resolves by what is installed, so building the vLLM side venv moves it from hf to vllm,
+    and so to another directory (the engines draw different samples): name the old one rather than
+    let a user wonder why an hour of regeneration starts again.
+    """
+    d = keyed_dir("regen", target, {**manifest, "engine": other_engine(manifest)})
+    return d if any(d.glob("shard_*.jsonl")) else None
 
 
 def shard_path(out: Path, s: int) -> Path:

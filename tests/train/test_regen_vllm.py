@@ -197,3 +197,22 @@ def test_vllm_without_a_side_venv_builds_it_and_an_unbuildable_one_is_one_error(
         r".*vllm-build\.log\); or set data\.regenerate\.engine=hf",
     ):
         regenerate(stories, None, cfg, 0, True, None)
+
+
+def test_auto_names_the_answers_the_other_engine_sampled_before(stories, tmp_path, fake_side_venv, monkeypatch, capsys):
+    # engine auto chose hf before the vLLM side venv existed; with it built, auto is vllm: another directory
+    monkeypatch.setenv("DRAFTSMITH_DATA", str(tmp_path / "data"))
+    cfg = dataclasses.replace(CFG, num_samples=2, engine="auto")
+    before = regenerate(stories, None, dataclasses.replace(cfg, engine="hf"), 0, True, None)
+    capsys.readouterr()
+    now = regenerate(stories, None, cfg, 0, True, None)
+    out = capsys.readouterr().out
+    assert now != before and json.loads((now / "_regen.json").read_text())["engine"] == "vllm"
+    assert f"[regen] note: {before} holds these answers sampled by hf" in out
+    assert "data.regenerate.engine=hf reuses it" in out
+    # nothing to say once this engine's own answers are there, or when the engine was asked for by name
+    regenerate(stories, None, cfg, 0, True, None)
+    short = dataclasses.replace(cfg, max_new_tokens=5)
+    regenerate(stories, None, dataclasses.replace(short, engine="hf"), 0, True, None)
+    regenerate(stories, None, dataclasses.replace(short, engine="vllm"), 0, True, None)
+    assert "note:" not in capsys.readouterr().out
