@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from decode.labels import OWN_TREES, distinct_labels, drafter_kind, label_of, per_conversation_tau
+from decode.labels import OWN_TREES, distinct_labels, drafter_kind, per_conversation_tau
 from decode.metrics import GenStats
 
 COST_FORMULA = ("time_per_token = (T + d) / tau, speedup_vs_ar = (T + d_ar) / time_per_token, where T is the "
@@ -154,6 +154,7 @@ def markdown(report: dict) -> str:
     """report.md: the main table, the cost model, per-category τ, acceptance by depth, the plots."""
     st, ds = report["settings"], report["drafters"]
     costs = report["cost_model"]["target_pass_s"]
+    label = distinct_labels(ds)  # two drafters of one kind: every table names which is which, as the plots do
     lines = ["# draftsmith evaluation", "",
              f"target `{st.get('target')}` · prompts `{st.get('prompts')}` ({st.get('turns')} turns) · "
              f"max_new_tokens {st.get('max_new_tokens')} · temperature {st.get('temperature')} · "
@@ -165,7 +166,7 @@ def markdown(report: dict) -> str:
         split = d["time_split_s"]
         split_s = " / ".join(f"{split[k]:.2f}" for k in ("draft", "verify", "commit")) if split else "–"
         proj = [fmt(r["speedup_vs_ar"]) for r in d["cost_model"]] if d["cost_model"] else ["–"] * len(costs)
-        lines.append(f"| {label_of(d)} | `{d['name']}` | {d['mean_accepted_tokens']:.3f} | {d['tokens_per_s']:.1f} | "
+        lines.append(f"| {label[d['spec']]} | `{d['name']}` | {d['mean_accepted_tokens']:.3f} | {d['tokens_per_s']:.1f} | "
                      f"{d['speedup_vs_ar']:.2f} | {fmt(d['matches_ar'])} | {d['target_forward_passes']} | "
                      f"{d['drafter_forward_passes']} | {split_s} | " + " | ".join(proj) + " |")
     lines += ["", f"Cost model: {report['cost_model']['formula']}.", ""]
@@ -174,7 +175,7 @@ def markdown(report: dict) -> str:
     for d in ds:
         row = [fmt(d["per_category"][c]["mean_accepted_tokens"], ".3f") if c in d["per_category"] else "–"
                for c in cats]
-        lines.append(f"| {label_of(d)} | " + " | ".join(row) + " |")
+        lines.append(f"| {label[d['spec']]} | " + " | ".join(row) + " |")
     depth = max((len(d["acceptance_by_depth"] or []) for d in ds), default=0)
     if depth:
         lines += ["", "## Acceptance by depth (P(accepted ≥ d | drafted to depth d))", "",
@@ -182,7 +183,7 @@ def markdown(report: dict) -> str:
         for d in ds:
             acc = d["acceptance_by_depth"] or []
             if acc:
-                lines.append(f"| {label_of(d)} | " + " | ".join(fmt(a) for a in acc) + " |" * (1 + depth - len(acc)))
+                lines.append(f"| {label[d['spec']]} | " + " | ".join(fmt(a) for a in acc) + " |" * (1 + depth - len(acc)))
     autos = [d for d in ds if d.get("auto")]
     if autos:
         lines += ["", "## --tree auto: predicted vs measured", "",
@@ -193,7 +194,7 @@ def markdown(report: dict) -> str:
         for d in autos:
             a = d["auto"]
             src = ("cached " if a["calibration_cached"] else "") + (f"`{a['calibration']}`" if a["calibration"] else "–")
-            lines.append(f"| {label_of(d)} | `{a['shape']}` | {fmt(a['predicted_tau'])} | {fmt(a['measured_tau'])} | "
+            lines.append(f"| {label[d['spec']]} | `{a['shape']}` | {fmt(a['predicted_tau'])} | {fmt(a['measured_tau'])} | "
                          f"{fmt(a['predicted_speedup_vs_ar'])} | {fmt(a['measured_speedup_vs_ar'])} | {src} |")
     lines += ["", *[f"![{p[:-4]}]({p})" for p in PLOTS], ""]
     return "\n".join(lines)

@@ -12,6 +12,7 @@ from decode.labels import (
     row_label,
     shape_label,
 )
+from decode.report import markdown
 
 TREE = "dynamic:topk=8,depth=6,nodes=24"
 
@@ -73,3 +74,22 @@ def test_every_row_of_two_drafters_of_one_kind_is_tagged_and_exports_go_by_their
         "recipes/x/drafters/eagle3": "eagle3 · chain 8 (eagle3)",
         "recipes/x/drafters/eagle3@auto": "eagle3 · auto: top-4 (eagle3)",
         "early-exit:4": "early-exit:4 · chain 8", "early-exit:8": "early-exit:8 · chain 8", "runs/m/export": "medusa · chain 8"}
+
+
+def test_report_md_tells_two_drafters_of_one_kind_apart_in_every_table():
+    # session 44: report.md's per-category and by-depth tables showed two `eagle3 · chain 8` rows, one per drafter
+    def row(spec: str, shape: str, auto: dict | None) -> dict:
+        return {"spec": spec, "name": spec, "shape": shape, "drafter_kind": "eagle3", "auto": auto,
+                "time_split_s": None, "cost_model": None, "mean_accepted_tokens": 1.5, "tokens_per_s": 30.0,
+                "speedup_vs_ar": 1.0, "matches_ar": None, "target_forward_passes": 1, "drafter_forward_passes": 1,
+                "per_category": {"writing": {"mean_accepted_tokens": 1.5}}, "acceptance_by_depth": [0.4, 0.2]}
+
+    auto = {"shape": "dynamic:topk=4,depth=2,nodes=8", "predicted_tau": 1.9, "measured_tau": 1.9,
+            "predicted_speedup_vs_ar": 1.4, "measured_speedup_vs_ar": 1.4, "calibration_cached": False, "calibration": None}
+    ds = [row("runs/a/export", "chain k=8", None), row("runs/a/export@auto", auto["shape"], auto),
+          row("recipes/x/drafters/eagle3", "chain k=8", None)]
+    md = markdown({"settings": {}, "drafters": ds, "cost_model": {"target_pass_s": [], "formula": "f"}})
+    tables = md.split("## τ per category")[1]
+    assert tables.count("| eagle3 · chain 8 (a) |") == 2 and tables.count("| eagle3 · chain 8 (eagle3) |") == 2
+    assert "| eagle3 · auto: tree 8 (a) | `dynamic:topk=4,depth=2,nodes=8` |" in tables
+    assert "| eagle3 · chain 8 |" not in md
