@@ -8,7 +8,7 @@
     draftsmith doctor DRAFTER_DIR --target MODEL   = python -m drafters.doctor ...
     draftsmith fetch smollm2-135m-instruct|sharegpt = python -m train.fetch ...
     draftsmith engine-check DRAFTER_DIR --target MODEL --prompts FILE --out DIR = python -m drafters.serving.engine_check ...
-    draftsmith data ls | rm KEY ... | rm --older-than DAYS = python -m train.datahome ...
+    draftsmith data ls | rm KEY ... | rm --older-than DAYS = python -m train.data.home ...
 
 Each subcommand calls its module's `main(argv)` (or runs it as `python -m` would, for a package's
 __main__), so the two spellings can never drift apart.
@@ -31,7 +31,7 @@ COMMANDS = {
     "doctor": "drafters.doctor",
     "fetch": "train.fetch",
     "engine-check": "drafters.serving.engine_check",
-    "data": "train.datahome",
+    "data": "train.data.home",
 }
 
 

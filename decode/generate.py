@@ -20,7 +20,7 @@ from decode.metrics import GenStats
 from decode.offload import add_offload_args, load_target_from_args
 from decode.policies import FixedPolicy, Policy, Round, capped, constant_cost, make_policy
 from decode.precision import bf16_reason
-from decode.prompts import chat_calibration_turns, render_turn
+from decode.harness.prompts import chat_calibration_turns, render_turn
 from decode.protocol import Budget, Drafter, TargetStep, layer_reuse, side_rows
 from decode.sampling import Rng, SamplingConfig, TorchRng, probs_from_logits
 from decode.target import Target
@@ -161,7 +161,7 @@ def encode_prompt(target: Target, text: str, add_special_tokens: bool = True) ->
 
 
 def add_decode_args(ap: argparse.ArgumentParser) -> None:
-    """Options shared by decode.generate and decode.evaluate."""
+    """Options shared by decode.generate and decode.harness.evaluate."""
     ap.add_argument("--target", required=True, help="model directory or hub id")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--tree", default="chain", help="chain | static:FILE | dynamic:topk=8,depth=6,nodes=60 | auto "
@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     add_decode_args(ap)
     ap.add_argument("--drafter", default="ar", help="drafter SPEC (see drafters.registry)")
     ap.add_argument("--prompt", required=True, help="the user's message (rendered with the target's chat template "
-                    "when it has one, as decode.evaluate does)")
+                    "when it has one, as decode.harness.evaluate does)")
     ap.add_argument("--raw", action="store_true", help="encode --prompt as is: no chat template")
     ap.add_argument("--target-pass-s", type=float, default=None,
                     help="seconds one target pass costs, for the cost-aware policies (e.g. 20 for a streamed 14B "
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     text, special = (args.prompt, True) if args.raw else render_turn(tok, (args.prompt,), [])
     ids = encode_prompt(target, text, special)
     if shape is None:  # --tree auto: calibrate (or read DRAFTER_DIR/calibration.json)
-        from decode.autoshape import pass_cost_curve, resolve
+        from decode.harness.autoshape import pass_cost_curve, resolve
 
         def decode(d: Drafter, p: Tensor, n: int, s: Shape) -> GenStats:
             return generate(target, d, p, n, SamplingConfig(), s).stats

@@ -281,7 +281,7 @@ def drop_page_cache(paths: list[str]) -> None:
             os.close(fd)
 
 
-# --- command-line options shared by decode.generate, decode.evaluate and feature extraction ----------------
+# --- command-line options shared by decode.generate, decode.harness.evaluate and feature extraction ----------------
 
 def add_offload_args(ap: argparse.ArgumentParser) -> None:
     g = ap.add_argument_group("streamed target (accelerate big-model inference)")

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from decode.target import load_tokenizer
-from train.data import DataConfig, load_records
+from train.data.sources import DataConfig, load_records
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -2,7 +2,7 @@
 
 Per drafter: τ, tokens/s, speedup vs our AR loop and vs HF `generate()`, matches_ar, and the
 projected speedup at a target-pass cost of 20 s (a streamed 14B target) and 25 ms (a GPU), from
-the measured τ and drafting cost (decode/report.py states the formula). Trained drafters are
+the measured τ and drafting cost (decode/harness/report.py states the formula). Trained drafters are
 taken from runs/demo/ (run scripts/demo first) when present.
 
     python scripts/bench.py [--prompts FILE] [--max-new-tokens N] [--drafter SPEC ...]
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from decode.evaluate import EvalConfig, evaluate, prepare
-from decode.prompts import load_prompts
+from decode.harness.evaluate import EvalConfig, evaluate, prepare
+from decode.harness.prompts import load_prompts
 from decode.target import Target
 
 REPO = Path(__file__).resolve().parents[1]

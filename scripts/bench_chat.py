@@ -2,10 +2,10 @@
 
 Rows: our `ar`, the untrained `early-exit:4` / `early-exit:8` (the mission's first-4/8-layer baseline),
 `prompt-lookup`, `lookahead`, each trained drafter given as an argument (chain k=8, a dynamic
-tree, and `--tree auto`: the shape decode.autoshape predicts fastest, its prediction beside the measurement), and HF `generate()` / HF prompt lookup as peers. Columns: τ, tokens/s, speedup vs our AR
+tree, and `--tree auto`: the shape decode.harness.autoshape predicts fastest, its prediction beside the measurement), and HF `generate()` / HF prompt lookup as peers. Columns: τ, tokens/s, speedup vs our AR
 (with its spread), matches_ar, and the projected speedup at a 20 s target pass (a streamed 14B).
 
-Timing is **interleaved** (decode.evaluate.interleaved) so that a change in the shared machine's
+Timing is **interleaved** (decode.harness.evaluate.interleaved) so that a change in the shared machine's
 load cannot pass for a speedup: conversation by conversation every row decodes it back to back, the
 row order rotated per conversation; the table gives each row's overall tokens/s over AR's and the
 median [min, max] of the per-conversation ratios (the spread).
@@ -14,7 +14,7 @@ median [min, max] of the per-conversation ratios (the spread).
         [--per-category N] [--first-turn-only] [--max-new-tokens N] [--dtype auto|float32|bfloat16] [--threads 1]
         [--tree dynamic:topk=8,depth=6,nodes=24] [--workers N] [--out DIR] [TRAINED_DRAFTER_DIR ...]
 
---workers N deals the conversations to N processes of one thread each (decode.workers), each interleaving
+--workers N deals the conversations to N processes of one thread each (decode.harness.workers), each interleaving
 as above: the whole machine, every row under the same load.
 """
 
@@ -28,9 +28,9 @@ from pathlib import Path
 import torch
 
 from decode.errors import missing_target
-from decode.evaluate import EvalConfig, evaluate, make_run, print_divergences
-from decode.prompts import Conversation, first_per_category, load_prompts
-from decode.report import write_report
+from decode.harness.evaluate import EvalConfig, evaluate, make_run, print_divergences
+from decode.harness.prompts import Conversation, first_per_category, load_prompts
+from decode.harness.report import write_report
 from decode.target import Target
 
 REPO = Path(__file__).resolve().parents[1]
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
                          "reported with AR's top-2 margin); float32 for token-identical rows")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--workers", type=int, default=1,
-                    help="deal the conversations to N processes of 1 thread each (decode.workers; N <= cores)")
+                    help="deal the conversations to N processes of 1 thread each (decode.harness.workers; N <= cores)")
     ap.add_argument("--out", default=None, help="write report.json/report.md/plots per suite under this directory")
     args = ap.parse_args(argv)
     if args.limit is not None and args.limit < 1:

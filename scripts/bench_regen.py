@@ -1,4 +1,4 @@
-"""Regeneration (self-distillation) throughput: new tokens/s of train.regen for target dtypes x batch sizes.
+"""Regeneration (self-distillation) throughput: new tokens/s of train.data.regen for target dtypes x batch sizes.
 
 The same prompts (ShareGPT opening turns, the target's chat template) are answered under every
 setting, in one run, the settings interleaved over `--rounds` so a change in the machine's load
@@ -19,10 +19,10 @@ from pathlib import Path
 import torch
 
 from decode.target import Target
-from train.data import DataConfig, RegenConfig, load_records
-from train.identity import data_home
-from train.regen import sample, start_prefix
-from train.tokens import has_template, render
+from train.data.sources import DataConfig, RegenConfig, load_records
+from train.data.identity import data_home
+from train.data.regen import sample, start_prefix
+from train.data.tokens import has_template, render
 
 REPO = Path(__file__).resolve().parents[1]
 

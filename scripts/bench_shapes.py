@@ -2,7 +2,7 @@
 
 Where `--tree auto` predicts a shape from calibrated acceptance and the pass-cost curve, this measures the
 candidates directly: for each shape, τ, tokens/s over AR's in the same run, and the milliseconds a round spends
-drafting and verifying (the decoder's own clocks). Timing is interleaved (decode.evaluate.interleaved):
+drafting and verifying (the decoder's own clocks). Timing is interleaved (decode.harness.evaluate.interleaved):
 conversation by conversation every row decodes it back to back, the order rotated.
 
     python scripts/bench_shapes.py [DRAFTER] [--shapes chain:8 dynamic:topk=4,depth=1,nodes=4 ...]
@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 
 from decode.errors import missing_target
-from decode.evaluate import EvalConfig, interleaved, make_run
-from decode.prompts import Conversation, first_per_category, load_prompts
-from decode.report import total_stats
+from decode.harness.evaluate import EvalConfig, interleaved, make_run
+from decode.harness.prompts import Conversation, first_per_category, load_prompts
+from decode.harness.report import total_stats
 from decode.target import Target
 
 REPO = Path(__file__).resolve().parents[1]

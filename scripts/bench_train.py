@@ -82,7 +82,7 @@ def main() -> int:
     drafters = ["early-exit:2", f"early-exit:2@{TREE}"]
     for kind in args.kinds:
         drafters += [f"{args.out}/{kind}/export", f"{args.out}/{kind}/export@{TREE}"]
-    cmd = [sys.executable, "-m", "decode.evaluate", "--target", "recipes/targets/stories260K", "--prompts",
+    cmd = [sys.executable, "-m", "decode.harness.evaluate", "--target", "recipes/targets/stories260K", "--prompts",
            "recipes/prompts/stories_dev.txt", "--max-new-tokens", str(args.max_new_tokens), "--threads", "1", "--dtype",
            "float32", "--out", str(out / "eval")] + (["--limit", str(args.limit)] if args.limit else [])
     for d in drafters:

@@ -57,7 +57,7 @@ def main() -> int:
     # 3. evaluate everything on the same prompts
     # float32: the demo's table says every row matches AR, which only fp32 holds token for token (bf16 can
     # leave AR at near-ties); `--dtype auto` would pick bf16 on hardware that has it
-    cmd = ["-m", "decode.evaluate", "--target", TARGET, "--prompts", "recipes/prompts/stories_dev.txt",
+    cmd = ["-m", "decode.harness.evaluate", "--target", TARGET, "--prompts", "recipes/prompts/stories_dev.txt",
            "--max-new-tokens", str(args.max_new_tokens), "--threads", "1", "--dtype", "float32", "--out", str(out)]
     for d in drafters:
         cmd += ["--drafter", d]

@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 from decode.target import load_tokenizer
-from train.data import DataConfig, load_records
-from train.identity import data_home
+from train.data.sources import DataConfig, load_records
+from train.data.identity import data_home
 
 REPO = Path(__file__).resolve().parents[1]
 

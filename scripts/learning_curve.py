@@ -42,7 +42,7 @@ import torch
 
 from decode.generate import encode_prompt, generate
 from decode.metrics import GenStats
-from decode.prompts import Conversation, first_per_category, load_prompts, render_turn
+from decode.harness.prompts import Conversation, first_per_category, load_prompts, render_turn
 from decode.sampling import SamplingConfig
 from decode.target import Target
 from decode.tree import parse_shape
@@ -281,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="points.jsonl, curve.md and curve.png go here")
     ap.add_argument("--steps", default="", help="comma-separated steps to evaluate where a run saved them "
                                                 "(default: every saved one)")
-    ap.add_argument("--prompts", default=str(MT_BENCH), help="a prompt file (decode.prompts forms)")
+    ap.add_argument("--prompts", default=str(MT_BENCH), help="a prompt file (decode.harness.prompts forms)")
     ap.add_argument("--per-category", type=int, default=2, help="first N conversations of each category")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--chains", default="3,8", help="chain lengths k")

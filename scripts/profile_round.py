@@ -29,10 +29,10 @@ from torch.profiler import ProfilerActivity, profile
 
 from decode.costmodel import format_curve, measure_pass_cost
 from decode.errors import missing_target
-from decode.evaluate import EvalConfig, make_run
+from decode.harness.evaluate import EvalConfig, make_run
 from decode.generate import encode_prompt
 from decode.metrics import GenStats
-from decode.prompts import load_prompts, render_turn
+from decode.harness.prompts import load_prompts, render_turn
 from decode.target import Target
 from decode.tree import DraftTree
 from decode.verify import LazyRows, verify_greedy

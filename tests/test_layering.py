@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("decode", "drafters", "train")
 # The decode command lines (and the evaluate CLI's HF-peer SPECs): the only decode files that may
 # reach a drafter, and only through the registry.
-FRONT_ENDS = {"decode.cli", "decode.evaluate", "decode.generate", "decode.hf_peers"}
+FRONT_ENDS = {"decode.cli", "decode.harness.evaluate", "decode.generate", "decode.harness.hf_peers"}
 REGISTRY = "drafters.registry"
 # drafters' parts and the parts each may import (itself included); a part not listed may import every part.
 MAY_IMPORT = {

@@ -3,7 +3,7 @@
 One command does the whole job; rerun it after any interruption and it continues where it stopped:
 1. load the recipe (typed, dotted overrides, unknown keys rejected) and the frozen target;
 2. fill the feature ids the drafter needs and prepare the data, building what is missing with the
-   same resumable code as `python -m train.features`: regenerated samples (train/regen.py), then
+   same resumable code as `python -m train.features`: regenerated samples (train/data/regen.py), then
    (features.mode=offline) the feature cache (train/features.py). Both live under the data home
    ($DRAFTSMITH_DATA, default ~/.cache/draftsmith/data) in directories keyed by target + settings, so
    a rerun — from any folder — reuses them; an explicit out_dir/cache_dir that holds something else is
@@ -26,7 +26,7 @@ from drafters.serving.checkpoint import drafter_kinds, save_drafter
 from train.config import load_recipe, to_dict, with_feature_ids
 from train.dataset import training_data
 from train.features import Dist, build_cache, load_target, prepare_data, resolve_precision
-from train.fetch import prepare
+from train.data.fetch import prepare
 from train.loop import train
 
 

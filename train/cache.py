@@ -26,7 +26,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor
 
-from train.identity import digest
+from train.data.identity import digest
 from train.killpoint import kill_point
 
 INDEX = "index.json"

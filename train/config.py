@@ -41,7 +41,7 @@ from decode.target import DTYPES
 from drafters.trainable.eagle import Eagle1Config, Eagle3Config
 from drafters.trainable.layerskip import LayerSkipConfig
 from drafters.trainable.medusa import MedusaConfig
-from train.data import DataConfig
+from train.data.sources import DataConfig
 from train.settings import problems, read_yaml, unread_sections
 
 
@@ -153,7 +153,7 @@ def load_recipe(path: str | Path, overrides: Sequence[str] = ()) -> Recipe:
     name = r.name or path.stem
     run_dir = r.run_dir or str(Path("runs") / path.stem)
     # data.regenerate.out_dir and features.cache_dir stay "" unless set: their default directories are
-    # keyed by the target and settings under the data home, known once the target is loaded (train/identity.py).
+    # keyed by the target and settings under the data home, known once the target is loaded (train/data/identity.py).
     return dataclasses.replace(r, name=name, run_dir=run_dir)
 
 

@@ -3,7 +3,7 @@
 `python -m train.features RECIPE.yaml [key=value ...]` builds the cache a recipe asks for, and nothing else
 (`python -m train RECIPE.yaml` runs the same `build_cache` itself before training). Also under
 `accelerate launch`: each process takes every world_size-th shard; rank 0 merges the index. The cache
-lives in features.cache_dir, default DATA_HOME/features/<target>-<fingerprint digest> (train/identity.py):
+lives in features.cache_dir, default DATA_HOME/features/<target>-<fingerprint digest> (train/data/identity.py):
   1. load the target; 2. prepare the data (sources -> regeneration -> tokens + loss masks -> split);
   3. fingerprint (target config + weights + tokenizer, hidden ids, dtype, top-k, max length, the token
      data itself); an existing cache must match it — a mismatch is an error, never a silent reuse;
@@ -58,12 +58,12 @@ from decode.target import Target, local_config
 from train.batch import collate
 from train.cache import CacheError, FeatureCache, check_existing, shard_name, write_index, write_shard
 from train.config import FeaturesConfig, Recipe, dump_config, load_recipe, with_feature_ids
-from train.data import load_records
-from train.datahome import use
-from train.fetch import prepare
-from train.identity import digest, keyed_dir, target_identity
-from train.regen import drop_strays, regenerate, write_text_atomically
-from train.tokens import TokenStats, end_token_ids, split_held_out, tokenize_dataset
+from train.data.sources import load_records
+from train.data.home import use
+from train.data.fetch import prepare
+from train.data.identity import digest, keyed_dir, target_identity
+from train.data.regen import drop_strays, regenerate, write_text_atomically
+from train.data.tokens import TokenStats, end_token_ids, split_held_out, tokenize_dataset
 
 
 @dataclass

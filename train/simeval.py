@@ -5,8 +5,8 @@ accuracies on the training data) scores the drafter on temperature-1 sequences, 
 emits the target's greedy continuation of a prompt, so it overestimated the decoded τ (issue 14).
 This eval measures what `decode.evaluate` measures, with the same code:
 
-1. prompts (`prompt_set`): a prompt file (`train.sim_prompts`, any format decode.evaluate reads; the
-   first turn of each conversation, rendered exactly as decode.evaluate renders it), or prefixes of
+1. prompts (`prompt_set`): a prompt file (`train.sim_prompts`, any format decode.harness.evaluate reads; the
+   first turn of each conversation, rendered exactly as decode.harness.evaluate renders it), or prefixes of
    held-out sequences: everything before the first trained token (a chat's prompt), or the first
    `train.sim_prompt_len` tokens when only the start token precedes it (stories, plain text);
 2. the eval set (`load_or_build`): each prompt with the target's greedy continuation (AR decoding,
@@ -15,7 +15,7 @@ This eval measures what `decode.evaluate` measures, with the same code:
 3. `decoding_tau`: `decode.generate.generate` with the in-training drafter's decode-time object
    (`module.drafter()`: EAGLE drafts from its own states after the first step, Medusa from its heads,
    LayerSkip from its exit) as a chain of `sim_chain` and as the tree `sim_tree`, greedy. τ is
-   tokens / target passes over all prompts (prefill included), exactly decode.evaluate's
+   tokens / target passes over all prompts (prefill included), exactly decode.harness.evaluate's
    `mean_accepted_tokens`; `matches_ar` is the fraction of decodes equal to the cached greedy
    continuation (lossless decoding: 1.0 up to float ties).
 
@@ -78,8 +78,8 @@ def held_out_prompts(ds: Sequence[dict[str, Any]], n: int, prompt_len: int, room
 
 
 def file_prompts(target: Target, path: str, n: int) -> list[list[int]]:
-    """The first turn of the first n conversations of a prompt file, tokenized as decode.evaluate does."""
-    from decode.prompts import load_prompts, render_turn
+    """The first turn of the first n conversations of a prompt file, tokenized as decode.harness.evaluate does."""
+    from decode.harness.prompts import load_prompts, render_turn
 
     out = []
     for conv in load_prompts(path, n):

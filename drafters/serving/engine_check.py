@@ -135,7 +135,7 @@ def engine_check(drafter_dir: str, target: str, prompts_file: str, out: str, k: 
                  limit: int | None = None, timeout: int = 3000) -> dict:
     """Steps 1-5; returns (and writes) the engine_check.json dict."""
     from decode.generate import encode_prompt
-    from decode.prompts import load_prompts, render_turn
+    from decode.harness.prompts import load_prompts, render_turn
     from decode.target import Target
 
     out_dir = Path(out)

@@ -1,5 +1,5 @@
 """The vLLM side virtualenv: build it, find it, run a worker script in it. `engine-check` and regeneration
-(train/regen.py, `data.regenerate.engine`) both go through here; nothing else builds or runs it.
+(train/data/regen.py, `data.regenerate.engine`) both go through here; nothing else builds or runs it.
 
     python -m drafters.serving.vllm_env build     # build it once (minutes): the command the notices name
     python -m drafters.serving.vllm_env status    # where it is and whether it is ready

@@ -1,5 +1,5 @@
 """`python -m decode.generate --prompt` renders the user's message with the target's chat template (as
-decode.evaluate does for every turn); `--raw` encodes the text as it is."""
+decode.harness.evaluate does for every turn); `--raw` encodes the text as it is."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The decoding-faithful simulated τ (train/simeval.py): it equals decode.evaluate's τ on the same prompts,
+"""The decoding-faithful simulated τ (train/simeval.py): it equals decode.harness.evaluate's τ on the same prompts,
 and its eval set (prompts + the target's greedy continuations) is deterministic and cached."""
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ def test_prefix_prompt_rules():
 
 @pytest.mark.parametrize("kind", ["eagle3", "medusa", "layerskip"])
 def test_simulated_tau_equals_decoded_tau(tmp_path, stories, kind):
-    """Same prompts, same drafter: the training eval's τ is decode.evaluate's τ, exactly, chain and tree."""
-    from decode.evaluate import EvalConfig, evaluate, prepare
-    from decode.prompts import load_prompts
+    """Same prompts, same drafter: the training eval's τ is decode.harness.evaluate's τ, exactly, chain and tree."""
+    from decode.harness.evaluate import EvalConfig, evaluate, prepare
+    from decode.harness.prompts import load_prompts
     from drafters.serving.checkpoint import new_drafter, save_drafter
 
     (tmp_path / "p.txt").write_text("\n".join(PROMPTS) + "\n")
@@ -62,7 +62,7 @@ def test_simulated_tau_equals_decoded_tau(tmp_path, stories, kind):
     assert sim["eval/sim_tau_chain"] == chain["mean_accepted_tokens"]
     assert sim["eval/sim_tau_tree"] == tree["mean_accepted_tokens"]
     assert sim["eval/sim_tau_chain"] > 1.0 and sim["eval/sim_tau_tree"] > 1.0  # some drafts were accepted
-    # the cached greedy continuations are decode.evaluate's AR outputs
+    # the cached greedy continuations are decode.harness.evaluate's AR outputs
     ar_report = json.loads((tmp_path / "sim.json").read_text())
     assert [it["prompt"] for it in ar_report["items"]] == [it["prompt"] for it in items]
     assert ar["new_tokens"] == sum(len(it["greedy"]) for it in items)

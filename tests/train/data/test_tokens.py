@@ -6,8 +6,8 @@ from __future__ import annotations
 import datasets
 import pytest
 
-from train.data import CANONICAL
-from train.tokens import end_token_ids, tokenize_chat, tokenize_dataset, tokenize_record
+from train.data.sources import CANONICAL
+from train.data.tokens import end_token_ids, tokenize_chat, tokenize_dataset, tokenize_record
 
 SYSTEM = {"role": "system", "content": "Be brief."}
 Q1 = {"role": "user", "content": "Name a prime number."}

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from decode.labels import OWN_TREES, distinct_labels, drafter_kind, per_conversation_tau
+from decode.harness.labels import OWN_TREES, distinct_labels, drafter_kind, per_conversation_tau
 from decode.metrics import GenStats
 
 COST_FORMULA = ("time_per_token = (T + d) / tau, speedup_vs_ar = (T + d_ar) / time_per_token, where T is the "
@@ -188,7 +188,7 @@ def markdown(report: dict) -> str:
     if autos:
         lines += ["", "## --tree auto: predicted vs measured", "",
                   "Predicted from the calibrated acceptance by (depth, rank) and the pass-cost curve measured in this "
-                  "run (decode.autoshape); τ predicted per round, measured over the run (prefill pass included).", "",
+                  "run (decode.harness.autoshape); τ predicted per round, measured over the run (prefill pass included).", "",
                   "| row | shape chosen | τ predicted | τ measured | speedup predicted | speedup measured | calibration |",
                   "|---|---|---|---|---|---|---|"]
         for d in autos:

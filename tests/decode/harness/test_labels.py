@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from decode.labels import (
+from decode.harness.labels import (
     distinct_labels,
     drafter_kind,
     label_of,
@@ -12,7 +12,7 @@ from decode.labels import (
     row_label,
     shape_label,
 )
-from decode.report import markdown
+from decode.harness.report import markdown
 
 TREE = "dynamic:topk=8,depth=6,nodes=24"
 

@@ -1,4 +1,4 @@
-"""--tree auto (decode.autoshape): the pure model by hand, the calibration counts, the cache, and that an
+"""--tree auto (decode.harness.autoshape): the pure model by hand, the calibration counts, the cache, and that an
 auto run stays lossless."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from decode.ar import ARDrafter
-from decode.autoshape import (
+from decode.harness.autoshape import (
     Costs,
     acceptance,
     chain_paths,
@@ -17,7 +17,7 @@ from decode.autoshape import (
     pass_cost_curve,
     resolve,
 )
-from decode.calibration import (
+from decode.harness.calibration import (
     cache_key,
     caterpillar,
     caterpillar_parents,
@@ -29,10 +29,10 @@ from decode.calibration import (
     verify_extra,
 )
 from decode.costmodel import cost_at
-from decode.evaluate import EvalConfig, evaluate, prepare
+from decode.harness.evaluate import EvalConfig, evaluate, prepare
 from decode.generate import encode_prompt, generate
 from decode.metrics import GenStats
-from decode.prompts import Conversation
+from decode.harness.prompts import Conversation
 from decode.sampling import SamplingConfig
 from decode.target import Target
 from decode.tree import DraftTree
@@ -204,7 +204,7 @@ def test_generate_cli_tree_auto_prints_its_choice(capsys):
 
 
 def test_generate_cli_tree_auto_calibrates_a_chat_turn_on_mt_bench_first_turns(chat_target_dir, monkeypatch, capsys):
-    import decode.autoshape as autoshape
+    import decode.harness.autoshape as autoshape
     from decode.generate import main
 
     seen, real = [], autoshape.resolve

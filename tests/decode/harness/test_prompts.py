@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from decode.prompts import DEFAULT_CATEGORY, PromptFileError, answer_text, load_prompts, render_turn
+from decode.harness.prompts import DEFAULT_CATEGORY, PromptFileError, answer_text, load_prompts, render_turn
 from tests.conftest import DEV_PROMPTS, STORIES
 
 

@@ -1,6 +1,6 @@
 """The vLLM side of regeneration (`data.regenerate.engine: vllm`), run by the engine's python, never imported.
 
-    ENGINE_PYTHON train/vllm_regen_worker.py JOB.json RESULT.json
+    ENGINE_PYTHON train/data/vllm_regen_worker.py JOB.json RESULT.json
 
 It must not import draftsmith (the side venv has neither our packages nor our transformers): token ids in,
 token ids out — the caller's tokenizer renders the chat template and reads the replies. JOB.json:

@@ -9,9 +9,9 @@ import datasets
 import pytest
 import torch
 
-from train.data import DataConfig, RecordError, load_records
+from train.data.sources import DataConfig, RecordError, load_records
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 MT_BENCH = REPO / "recipes" / "data" / "mt_bench_question.jsonl"
 SPEC_BENCH = REPO / "recipes" / "data" / "spec_bench_question.jsonl"
 

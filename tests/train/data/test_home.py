@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from decode.cli import main as draftsmith
-from train.datahome import LOCK, STAMP, entries, use
+from train.data.home import LOCK, STAMP, entries, use
 
 DAY = 86400
 
@@ -121,8 +121,8 @@ def test_rm_older_than_keeps_recent_and_held_entries(home, capsys, live_pid):
 def test_use_stamps_and_holds_until_exit(tmp_path):
     """A job's lock lasts as long as its process: another process sees it held, then free once it exits."""
     entry = tmp_path / "features/x-1"
-    code = (f"import sys, time; sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r}); "
-            f"from train.datahome import use; use(__import__('pathlib').Path({str(entry)!r}), 'tgt'); "
+    code = (f"import sys, time; sys.path.insert(0, {str(Path(__file__).resolve().parents[3])!r}); "
+            f"from train.data.home import use; use(__import__('pathlib').Path({str(entry)!r}), 'tgt'); "
             "print('held', flush=True); time.sleep(30)")
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:

@@ -1,5 +1,5 @@
 """Calibration for `--tree auto`: acceptance by (depth, rank) and the drafter's costs, measured with the real
-decoder, and their cache (decode.autoshape turns them into a shape).
+decoder, and their cache (decode.harness.autoshape turns them into a shape).
 
 Greedy decoding on a few prompts drafts a *caterpillar*: the rank-0 chain to depth D with ranks 0..W-1 as
 siblings at every depth (D x W nodes), so each round whose accepted path stayed on rank 0 shows which rank,

@@ -8,12 +8,12 @@ import math
 import pytest
 import torch
 
-from decode.evaluate import EvalConfig, evaluate, main, make_run, prepare, run_spec
+from decode.harness.evaluate import EvalConfig, evaluate, main, make_run, prepare, run_spec
 from decode.generate import Generation
-from decode.labels import label_of
+from decode.harness.labels import label_of
 from decode.metrics import GenStats
-from decode.prompts import load_prompts
-from decode.report import PLOTS, cost_model
+from decode.harness.prompts import load_prompts
+from decode.harness.report import PLOTS, cost_model
 from decode.sampling import SamplingConfig
 from decode.tree import parse_shape
 from tests.conftest import STORIES
@@ -311,7 +311,7 @@ def test_divergence_reports_position_and_ar_top2_margin(stories, tmp_path):
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
 def test_workers_decode_every_turn_as_one_process_does(stories, tmp_path, temperature):
-    """--workers 2 (decode.workers): the same rows, turns in conversation order, the same tokens turn by turn
+    """--workers 2 (decode.harness.workers): the same rows, turns in conversation order, the same tokens turn by turn
     (greedy and sampled: each turn keeps its global seed), an auto row drafting with the parent's shape."""
     convs = load_prompts(prompt_file(tmp_path))  # 3 conversations, 4 turns
     cfg = EvalConfig(max_new_tokens=10, sampling=SamplingConfig(temperature), draft_len=3, seed=5)
@@ -330,7 +330,7 @@ def test_workers_decode_every_turn_as_one_process_does(stories, tmp_path, temper
     # the exact tokens, turn by turn (the report keeps counts only), the auto row with a shape fixed in the parent
     from dataclasses import replace
 
-    from decode.evaluate import interleaved
+    from decode.harness.evaluate import interleaved
 
     cold = replace(cfg, warmup=False)
     runs = []
@@ -346,8 +346,8 @@ def test_workers_decode_every_turn_as_one_process_does(stories, tmp_path, temper
 def test_auto_calibrates_on_prompts_spread_over_the_list(stories):
     """choose_auto_shapes: 8 first turns evenly spaced over the conversations (one per category of a list that
     runs category by category), not the first few (under --per-category those are all one category)."""
-    from decode.evaluate import choose_auto_shapes, encode_prompt, render_turn
-    from decode.prompts import Conversation
+    from decode.harness.evaluate import choose_auto_shapes, encode_prompt, render_turn
+    from decode.harness.prompts import Conversation
 
     convs = [Conversation(str(i), f"cat{i // 3}", [f"Story number {i} begins."]) for i in range(24)]  # 8 x 3
     seen = []
@@ -364,7 +364,7 @@ class _Described:
 
 
 def test_pool_workers_end_when_their_parent_is_killed(tmp_path):
-    """decode.workers' pool initializer: a parent killed by SIGKILL (no cleanup runs) takes its workers with it."""
+    """decode.harness.workers' pool initializer: a parent killed by SIGKILL (no cleanup runs) takes its workers with it."""
     import os
     import signal
     import subprocess
@@ -376,14 +376,14 @@ def test_pool_workers_end_when_their_parent_is_killed(tmp_path):
     script.write_text(
         "import multiprocessing as mp, os, sys, time\n"
         "from concurrent.futures import ProcessPoolExecutor\n"
-        "from decode.workers import exit_with_parent\n"
+        "from decode.harness.workers import exit_with_parent\n"
         "if __name__ == '__main__':\n"
         "    with ProcessPoolExecutor(1, mp_context=mp.get_context('spawn'), initializer=exit_with_parent,\n"
         "                             initargs=(os.getpid(), 0.1)) as pool:\n"
         "        print(pool.submit(os.getpid).result(), flush=True)\n"
         "        pool.submit(time.sleep, 120)\n"
         "        time.sleep(120)\n")
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
     parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
     worker = int(parent.stdout.readline())
     os.kill(parent.pid, signal.SIGKILL)

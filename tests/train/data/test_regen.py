@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-import train.regen as regen
+import train.data.regen as regen
 from decode.target import Target
-from train.data import DataConfig, RegenConfig, load_records
-from train.regen import regenerate, sample
-from train.tokens import end_token_ids, tokenize_dataset
+from train.data.sources import DataConfig, RegenConfig, load_records
+from train.data.regen import regenerate, sample
+from train.data.tokens import end_token_ids, tokenize_dataset
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 STORY_PROMPTS = REPO / "recipes" / "prompts" / "stories_dev.txt"
 MT_BENCH = REPO / "recipes" / "data" / "mt_bench_question.jsonl"
 CFG = RegenConfig(enabled=True, num_samples=12, max_new_tokens=24, batch_size=5, shard_size=4, stop_ids=[1])

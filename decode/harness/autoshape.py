@@ -14,7 +14,7 @@ The model, as pure functions:
 - tokens/s = E[accepted + 1] / round cost; a small grid of chains and dynamic trees is searched, and "no drafting"
   (a chain of 0: plain decoding, speedup 1 by definition) competes with them — on a CPU without bf16 no shape of the
   chat drafter pays (a verify pass grows steeply with its rows in fp32), and auto then decodes plainly.
-p and the costs come from decode.calibration (measured with the real decoder; p cached with the drafter).
+p and the costs come from decode.harness.calibration (measured with the real decoder; p cached with the drafter).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from torch import Tensor
 
-from decode import calibration as cal
+from decode.harness import calibration as cal
 from decode.costmodel import cost_at, measure_pass_cost
 from decode.protocol import Drafter
 from decode.target import Target

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_CATEGORY = "default"
-MT_BENCH = Path(__file__).resolve().parents[1] / "recipes/data/mt_bench_question.jsonl"  # bundled, 80 questions
+MT_BENCH = Path(__file__).resolve().parents[2] / "recipes/data/mt_bench_question.jsonl"  # bundled, 80 questions
 JSONL_SUFFIXES = (".jsonl", ".json")  # always parsed as jsonl: a bad line is an error, never a text prompt
 
 

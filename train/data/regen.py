@@ -11,7 +11,7 @@ conditioned on the target's own earlier replies (a prompt or text record is one 
 from the start token gets one reply to nothing):
   - target with a chat template: context = template(history, generation prompt); the decoded reply
     (up to its stop token) becomes the assistant content. Output record: {"messages": [...]};
-  - without one (plain rule of train/tokens.py): context ids grow turn by turn; the generated ids
+  - without one (plain rule of train/data/tokens.py): context ids grow turn by turn; the generated ids
     (stop token included) are kept exactly. Output record: {"input_ids", "loss_mask", "text"}, so the
     drafter trains on the very tokens the target sampled (no decode/re-encode round trip).
 
@@ -51,11 +51,11 @@ from drafters.serving.vllm_env import (
     run_worker,
     vllm_in_this_env,
 )
-from train.data import RegenConfig
-from train.datahome import use
-from train.identity import digest, keyed_dir, target_identity
+from train.data.sources import RegenConfig
+from train.data.home import use
+from train.data.identity import digest, keyed_dir, target_identity
 from train.killpoint import kill_point
-from train.tokens import has_template, render, template_kwargs
+from train.data.tokens import has_template, render, template_kwargs
 
 MANIFEST = "_regen.json"  # "_" prefix: not a data file when the directory is read as a source
 VLLM_WORKER = Path(__file__).with_name("vllm_regen_worker.py")  # run by vLLM's python, never imported
@@ -172,7 +172,7 @@ def round_seed(seed: int, shard: int, round_: int) -> int:
 
 
 def vllm_job(target: Target, contexts: list[list[int]], cfg: RegenConfig, stop: list[int], seed: int) -> dict:
-    """The job file of train/vllm_regen_worker.py: these contexts under the hf path's settings, one seed."""
+    """The job file of train/data/vllm_regen_worker.py: these contexts under the hf path's settings, one seed."""
     room = [min(cfg.max_new_tokens, target.max_positions - len(c)) for c in contexts]
     if min(room) < 1:
         raise ValueError(f"a regeneration context of {max(map(len, contexts))} tokens leaves no room under the "
@@ -285,7 +285,7 @@ def regenerate(target: Target, records: datasets.Dataset | None, cfg: RegenConfi
                barrier=lambda: None) -> Path:
     """Write (or finish) the jsonl shards in cfg.out_dir; returns that directory (a data source).
 
-    With no out_dir the directory is DATA_HOME/regen/<target>-<digest of the manifest> (train/identity.py):
+    With no out_dir the directory is DATA_HOME/regen/<target>-<digest of the manifest> (train/data/identity.py):
     the same target and settings always find their shards, other ones never collide with them.
     """
     if target.tokenizer is None:

@@ -1,5 +1,5 @@
 """Regeneration's vLLM engine, plumbing only: a fake side venv whose `python` runs the real worker script
-(train/vllm_regen_worker.py) against a fake `vllm` module that samples deterministic ids from (seed, prompt).
+(train/data/vllm_regen_worker.py) against a fake `vllm` module that samples deterministic ids from (seed, prompt).
 The real side venv is never built or used here (the lead's real check: the README's regeneration section)."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-import train.regen as regen
+import train.data.regen as regen
 from decode.target import Target
 from drafters.serving.vllm_env import BUILD_COMMAND
-from train.data import DataConfig, RegenConfig, load_records
-from train.regen import length_batches, regenerate, round_seed
+from train.data.sources import DataConfig, RegenConfig, load_records
+from train.data.regen import length_batches, regenerate, round_seed
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 MT_BENCH = REPO / "recipes" / "data" / "mt_bench_question.jsonl"
 CFG = RegenConfig(enabled=True, num_samples=10, max_new_tokens=12, shard_size=4, stop_ids=[1], engine="vllm")
 

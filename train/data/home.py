@@ -1,6 +1,6 @@
 """`draftsmith data ls` and `draftsmith data rm KEY ... | --older-than DAYS`: the data home, kept by the user.
 
-The data home ($DRAFTSMITH_DATA, default ~/.cache/draftsmith/data; train/identity.py) holds regenerated
+The data home ($DRAFTSMITH_DATA, default ~/.cache/draftsmith/data; train/data/identity.py) holds regenerated
 sets (regen/<target>-<digest>), feature caches (features/<target>-<digest>; terabytes for a 14B target)
 and ShareGPT (sharegpt/). Each entry is listed with its size, the target and settings it was made from
 (read from what the entry already records: the regen manifest, the cache's index and recipe) and its
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from train.identity import data_home
+from train.data.identity import data_home
 
 KINDS = ("regen", "features")  # keyed directories, one entry each; sharegpt/ is one entry as a whole
 STAMP, LOCK = ".last_used.json", ".lock.{pid}.json"  # files, not a directory: an entry stays a flat folder

@@ -10,8 +10,8 @@
      text        {"text"} (a .txt file: one record a line)          -> text
      tokens      {"input_ids", "loss_mask"?} (pre-tokenized; what regeneration writes for a target
                  without a chat template)                          -> tokens
-3. regenerate the assistant turns with the target when asked (train/regen.py);
-4. tokenize with loss masks, truncate or drop at max_length (train/tokens.py);
+3. regenerate the assistant turns with the target when asked (train/data/regen.py);
+4. tokenize with loss masks, truncate or drop at max_length (train/data/tokens.py);
 5. a seeded shuffle; the last `held_out` fraction of sequences is the eval split.
 """
 

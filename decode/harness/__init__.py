@@ -1,0 +1,6 @@
+"""The evaluation harness: several drafters on one prompt set against AR, and the report it writes.
+
+evaluate (the `python -m decode.evaluate` body), prompts (prompt files, chat turns), workers (interleaved
+processes), hf_peers (HF generate rows), report + labels (report.json/.md, plots), calibration + autoshape
+(`--tree auto`). The runtime it drives (target, trees, verification, the generate loop) is decode/ itself.
+"""

@@ -1,0 +1,399 @@
+"""`python -m decode.evaluate`: several drafters on the same prompts, against the AR reference.
+
+    python -m decode.evaluate --target MODEL_DIR --drafter SPEC [--drafter SPEC ...] --prompts FILE \
+        [--max-new-tokens N] [--temperature T] [--top-p P] [--top-k K] [--seed S] [--tree ...] \
+        [--draft-len K] [--policy ...] [--target-pass-s S ...] [--limit N] --out DIR
+
+1. load the target and the prompt file (decode.harness.prompts);
+2. decode every prompt with `ar` (the reference for `matches_ar` and `speedup_vs_ar`) and with each
+   drafter SPEC: our drafters through `decode.generate.generate`, HF peers (`hf-...`,
+   decode.harness.hf_peers) through HF `generate()`; multi-turn prompts turn by turn, each run feeding its
+   own answers forward. Timing is interleaved (`interleaved`): conversation by conversation every
+   row decodes it back to back, so a change in a shared machine's load cannot pass for a speedup;
+3. write report.json, report.md and PNG plots to --out (decode.harness.report).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import asdict, dataclass, field, replace
+from itertools import accumulate
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from torch import Tensor
+from tqdm import tqdm
+
+from decode.harness.autoshape import AUTO, AutoChoice, pass_cost_curve, resolve, shape_spec
+from decode.generate import Generation, add_decode_args, encode_prompt, generate
+from decode.harness.hf_peers import HF_FORMS, is_hf_spec, make_hf_peer
+from decode.metrics import GenStats
+from decode.policies import make_policy
+from decode.harness.prompts import Conversation, answer_text, load_prompts, render_turn
+from decode.protocol import Drafter
+from decode.harness.report import SpecRun, TurnResult, build_report, total_stats, write_report
+from decode.sampling import SamplingConfig
+from decode.target import Target
+from decode.tree import Shape, parse_shape
+from decode.harness.workers import decode_in_workers
+
+DEFAULT_PASS_COSTS = [20.0, 0.025]  # a 14B target streamed from disk; the same on a GPU
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Settings every run in one evaluation shares."""
+
+    max_new_tokens: int = 128
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    tree: str = "chain"  # chain | static:FILE | dynamic:topk=..,depth=..,nodes=.. | auto
+    draft_len: int = 8
+    policy: str = "fixed"
+    seed: int = 0  # turn i is decoded with seed + i in every run
+    warmup: bool = True  # one short untimed generation per run first (lazy init, allocator warm-up)
+
+
+class Runner(Protocol):
+    """Decodes one prompt: our decoder with a drafter (DecoderRun) or an HF peer (decode.harness.hf_peers.HFPeer)."""
+
+    name: str
+    kind: str
+
+    def run(self, prompt_ids: Tensor, max_new_tokens: int, sampling: SamplingConfig, seed: int) -> Generation: ...
+
+
+class DecoderRun:
+    """Our decoder with one drafter (SPEC resolved by drafters.registry); `SPEC@TREE` overrides --tree for it.
+
+    TREE `auto` leaves the shape open until `choose_shape` (decode.harness.autoshape) has calibrated the drafter.
+    """
+
+    kind = "draftsmith"
+
+    def __init__(self, spec: str, target: Target, cfg: EvalConfig) -> None:
+        from drafters.registry import make_drafter
+
+        self.target, self.cfg = target, cfg
+        spec, at, tree = spec.rpartition("@") if "@" in spec else (spec, "", "")
+        self.base_spec = spec
+        self.drafter = make_drafter(spec, target)
+        self.name = self.drafter.name + (f"@{tree}" if at else "")
+        tree = tree or cfg.tree
+        auto = tree == AUTO and spec != "ar"  # plain decoding drafts nothing: no shape to size
+        self.shape: Shape | None = None if auto else parse_shape("chain" if tree == AUTO else tree, cfg.draft_len)
+        self.auto: AutoChoice | None = None
+        self.policy = make_policy(cfg.policy)
+
+    def choose_shape(self, prompts: list[Tensor], curve: dict[int, float], run_dir: str | None) -> AutoChoice:
+        """--tree auto: calibrate (or read the cached calibration) and fix the shape with the best predicted tok/s."""
+
+        def decode(drafter: Drafter, ids: Tensor, n: int, shape: Shape) -> GenStats:
+            return generate(self.target, drafter, ids, n, SamplingConfig(), shape).stats
+
+        self.auto = resolve(decode, self.target, self.drafter, self.base_spec, prompts, curve, run_dir,
+                            min(64, self.cfg.max_new_tokens), fallback=parse_shape("chain", self.cfg.draft_len))
+        self.shape = self.auto.shape
+        return self.auto
+
+    def run(self, prompt_ids: Tensor, max_new_tokens: int, sampling: SamplingConfig, seed: int) -> Generation:
+        if self.shape is None:
+            raise RuntimeError(f"{self.name}: --tree auto needs choose_shape() before decoding")
+        return generate(self.target, self.drafter, prompt_ids, max_new_tokens, sampling, self.shape, self.policy,
+                        seed)
+
+
+def make_run(spec: str, target: Target, cfg: EvalConfig) -> Runner:
+    """A DecoderRun or an HFPeer for this SPEC (an unknown SPEC lists both sets of valid forms)."""
+    if is_hf_spec(spec):
+        return make_hf_peer(spec, target, cfg.draft_len)
+    try:
+        return DecoderRun(spec, target, cfg)
+    except ValueError as e:
+        if "unknown drafter SPEC" in str(e):
+            raise ValueError(f"{e}\n  " + "\n  ".join(HF_FORMS) + "  (HF peers, evaluate only)") from None
+        raise
+
+
+def warm_up(runners: list[Runner], target: Target, conv: Conversation, cfg: EvalConfig) -> None:
+    """One short untimed generation per runner on the conversation's first turn (lazy init, allocator)."""
+    text, special = render_turn(target.tokenizer, conv.turns, [])
+    ids = encode_prompt(target, text, special)
+    for r in runners:
+        r.run(ids, min(8, cfg.max_new_tokens), cfg.sampling, cfg.seed)
+
+
+def run_spec(runner: Runner, target: Target, convs: list[Conversation], cfg: EvalConfig, spec: str = "",
+             progress: bool = True, first_turn: int = 0) -> SpecRun:
+    """Decode every turn of every conversation with one runner (a DecoderRun or an HFPeer).
+
+    Turn i overall (counting from `first_turn`) is decoded with seed cfg.seed + i.
+    """
+    tok = target.tokenizer
+    if cfg.warmup and convs:
+        warm_up([runner], target, convs[0], cfg)
+    turns: list[TurnResult] = []
+    bar = tqdm(total=sum(len(c.turns) for c in convs), desc=runner.name, unit="turn", disable=not progress,
+               file=sys.stderr, dynamic_ncols=True)
+    for conv in convs:
+        answers: list[str] = []
+        for k in range(len(conv.turns)):
+            text, special = render_turn(tok, conv.turns, answers)
+            ids = encode_prompt(target, text, special)
+            gen = runner.run(ids, cfg.max_new_tokens, cfg.sampling, cfg.seed + first_turn + len(turns))
+            turns.append(TurnResult(conv.id, conv.category, k, ids.numel(), gen.tokens, gen.stats))
+            answers.append(answer_text(tok, gen.tokens))
+            bar.update(1)
+    bar.close()
+    return SpecRun(runner.name, spec or runner.name, runner.kind, turns)
+
+
+def prepare(target: Target, specs: list[str], cfg: EvalConfig) -> list[tuple[str, Runner]]:
+    """(spec, runner) for `ar` then each SPEC (duplicates and an explicit `ar` dropped).
+
+    Every SPEC is resolved before anything runs, so a bad one fails in seconds, not after the others.
+    """
+    ordered = list(dict.fromkeys(["ar", *specs]))
+    return [(spec, make_run(spec, target, cfg)) for spec in ordered]
+
+
+def decode_conversation(target: Target, runners: list[tuple[str, Runner]], conv: Conversation, cfg: EvalConfig,
+                        c: int, first: int) -> dict[str, list[TurnResult]]:
+    """Conversation number c (its first turn is turn `first` overall: the seeds) decoded by every runner back
+    to back, the order rotated by c so no runner always runs first or last."""
+    k = c % len(runners)
+    return {spec: run_spec(r, target, [conv], cfg, spec, False, first).turns for spec, r in runners[k:] + runners[:k]}
+
+
+def interleaved(target: Target, runners: list[tuple[str, Runner]], convs: list[Conversation], cfg: EvalConfig,
+                progress: bool = True, workers: int = 1) -> tuple[list[SpecRun], dict[str, list[float]]]:
+    """Every runner on every conversation, conversation by conversation (rotated order); runners[0] is AR.
+
+    1. one untimed warm-up per runner (`warm_up`) unless cfg.warmup is off;
+    2. conversation by conversation, every runner decodes that conversation (all its turns) back to
+       back (`decode_conversation`);
+    3. per conversation, each runner's tokens/s is divided by AR's on that same conversation.
+    workers > 1: the conversations are dealt to that many processes of one torch thread each
+    (decode.harness.workers), the same rows, order and seeds in each; the turns come back in conversation order.
+    Returns the runs (turns in conversation order, as `build_report` expects) and those ratios.
+    """
+    firsts = list(accumulate((len(c.turns) for c in convs), initial=0))  # global turn index of each first turn: the seeds
+    if workers > 1:
+        done_all = decode_in_workers(target, runners, convs, firsts, cfg, workers, progress,
+                                     (make_run, warm_up, decode_conversation))
+    else:
+        if cfg.warmup and convs:
+            warm_up([r for _, r in runners], target, convs[0], cfg)
+        cold = replace(cfg, warmup=False)
+        done_all = [decode_conversation(target, runners, conv, cold, c, firsts[c])
+                    for c, conv in enumerate(tqdm(convs, desc="conversations", unit="conv", disable=not progress,
+                                                  file=sys.stderr, dynamic_ncols=True))]
+    turns: dict[str, list[TurnResult]] = {spec: [] for spec, _ in runners}
+    ratios: dict[str, list[float]] = {spec: [] for spec, _ in runners}
+    ar_spec = runners[0][0]
+    for done in done_all:
+        ar_rate = total_stats(done[ar_spec]).tokens_per_s
+        for spec, _ in runners:
+            turns[spec] += done[spec]
+            ratios[spec].append(total_stats(done[spec]).tokens_per_s / ar_rate if ar_rate else 0.0)
+    runs = [SpecRun(r.name, spec, r.kind, turns[spec]) for spec, r in runners]
+    return runs, ratios
+
+
+@torch.inference_mode()
+def divergences(target: Target, runs: list[SpecRun], convs: list[Conversation]) -> dict[str, list[dict]]:
+    """Per greedy run, where it first leaves AR's tokens in each conversation, and AR's top-2 margin there.
+
+    runs[0] is AR. At a divergence the margin top1 - top2 of AR's own logits at that position tells
+    numerics from a bug: a near-tie (a bf16 target, a batch-shape-dependent kernel) is numerics; a
+    clear margin is a bug. Later turns of that conversation are skipped (their prompts differ).
+    """
+    ar, tok = runs[0], target.tokenizer
+    ar_turns = {(t.id, t.turn): t for t in ar.turns}
+    turns_of = {c.id: c.turns for c in convs}
+    out: dict[str, list[dict]] = {}
+    for run in runs[1:]:
+        found, done = [], set()
+        for t in run.turns:
+            ref = ar_turns.get((t.id, t.turn))
+            if ref is None or t.id in done or t.tokens == ref.tokens:
+                continue
+            done.add(t.id)
+            i = next((j for j, (a, b) in enumerate(zip(ref.tokens, t.tokens)) if a != b), None)
+            if i is None:  # one is a prefix of the other (an EOS or a length cut differs)
+                found.append({"conversation": t.id, "turn": t.turn, "position": min(len(ref.tokens), len(t.tokens)),
+                              "ar_token": None, "got_token": None, "ar_top2_margin": None})
+                continue
+            answers = [answer_text(tok, ar_turns[(t.id, k)].tokens) for k in range(t.turn)]
+            text, special = render_turn(tok, turns_of[t.id], answers)
+            ids = torch.cat([encode_prompt(target, text, special), torch.tensor(ref.tokens[:i], dtype=torch.long)])
+            top = target.forward(ids, None).logits[-1].float().topk(2).values
+            found.append({"conversation": t.id, "turn": t.turn, "position": i, "ar_token": ref.tokens[i],
+                          "got_token": t.tokens[i], "ar_top2_margin": float(top[0] - top[1])})
+        out[run.spec] = found
+    return out
+
+
+def choose_auto_shapes(target: Target, runners: list[tuple[str, Runner]], convs: list[Conversation],
+                       run_dir: str | None, calibration_prompts: int = 8, file=sys.stderr) -> None:
+    """--tree auto rows: calibrate on the first turns of a few conversations spread evenly over the list (one
+    per category where the list runs category by category, as MT-bench and Spec-Bench do: the first few alone
+    would all be writing prompts), measure the pass-cost curve once, fix each row's shape, and print the
+    choice with its predicted speedup."""
+    pending = [r for _, r in runners if isinstance(r, DecoderRun) and r.shape is None]
+    if not pending:
+        return
+    n = min(calibration_prompts, len(convs))
+    spread = [convs[i * len(convs) // n] for i in range(n)]
+    prompts = [encode_prompt(target, *render_turn(target.tokenizer, c.turns[:1], [])) for c in spread]
+    curve = pass_cost_curve(target)
+    for r in pending:
+        print(f"auto: {r.name} -> {r.choose_shape(prompts, curve, run_dir).describe()}", file=file)
+
+
+def checkpoint_kind(spec: str) -> str | None:
+    """The drafter kind of a checkpoint directory SPEC, from its config.json (None: not a directory)."""
+    base = spec.rpartition("@")[0] if "@" in spec else spec
+    try:
+        cfg = json.loads((Path(base) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(cfg, dict):
+        return None
+    arch = " ".join(cfg.get("architectures") or [])
+    return (cfg.get("draftsmith_drafter") or cfg.get("speculators_model_type")
+            or ("eagle3" if "Eagle3" in arch else "medusa" if "num_heads" in cfg else None))
+
+
+def shape_text(runner: Runner) -> str | None:
+    """The shape a row drafted with, as text (None: an HF peer, or plain decoding)."""
+    shape = getattr(runner, "shape", None)
+    if shape is None or getattr(runner, "base_spec", "") == "ar":
+        return None
+    return shape_spec(shape) if shape.kind != "static" else f"static nodes={len(shape.choices)}"
+
+
+def evaluate(target: Target, runners: list[tuple[str, Runner]], convs: list[Conversation], cfg: EvalConfig,
+             pass_costs: list[float] = DEFAULT_PASS_COSTS, meta: dict | None = None, progress: bool = True,
+             run_dir: str | None = None, workers: int = 1) -> dict:
+    """Run every (spec, runner) from `prepare` on the same prompts, interleaved -> the report.json dict.
+
+    runners[0] is AR. Each drafter entry gets `speedup_vs_ar_per_conversation` (the spread), its `shape`,
+    `auto` (the --tree auto choice, predicted vs measured) for auto rows, and, greedy, `divergences`
+    (where it left AR's tokens and AR's top-2 logit margin there). run_dir: where calibrations of SPEC
+    drafters without a directory are cached. workers: processes the conversations are dealt to (`interleaved`).
+    """
+    choose_auto_shapes(target, runners, convs, run_dir)
+    runs, ratios = interleaved(target, runners, convs, cfg, progress, workers)
+    settings = {**(meta or {}), "workers": workers, "turns": sum(len(c.turns) for c in convs), "conversations": len(convs),
+                "max_new_tokens": cfg.max_new_tokens, **asdict(cfg.sampling), "tree": cfg.tree,
+                "draft_len": cfg.draft_len, "policy": cfg.policy, "seed": cfg.seed,
+                "torch_threads": 1 if workers > 1 else torch.get_num_threads(), "timing": "interleaved by conversation"}
+    report = build_report(runs, settings, list(pass_costs))
+    div = divergences(target, runs, convs) if cfg.sampling.greedy else {}
+    by_spec = dict(runners)
+    for d in report["drafters"]:
+        d["speedup_vs_ar_per_conversation"] = ratios[d["spec"]]
+        d["shape"] = shape_text(by_spec[d["spec"]])
+        d["drafter_kind"] = checkpoint_kind(d["spec"])
+        auto = getattr(by_spec[d["spec"]], "auto", None)
+        if auto is not None:
+            d["auto"] = {**auto.summary(), "measured_tau": d["mean_accepted_tokens"],
+                         "measured_speedup_vs_ar": d["speedup_vs_ar"]}
+        if d["spec"] in div:
+            d["divergences"] = div[d["spec"]]  # greedy: first mismatch per conversation + AR's top-2 margin
+    return report
+
+
+def print_table(report: dict, file=sys.stdout) -> None:
+    cols = f"{'drafter':<28} {'tau':>6} {'tok/s':>8} {'vs AR':>6} {'per prompt: median [min, max]':>30} {'matches':>7}"
+    costs = report["cost_model"]["target_pass_s"]
+    cols += "".join(f" {'@' + format(c, 'g') + 's':>8}" for c in costs)
+    print(cols, file=file)
+    for d in report["drafters"]:
+        m = {True: "yes", False: "NO", None: "-"}[d["matches_ar"]]
+        proj = "".join(f" {r['speedup_vs_ar']:>8.2f}" for r in d["cost_model"]) if d["cost_model"] else \
+            "".join(f" {'-':>8}" for _ in costs)
+        r = d.get("speedup_vs_ar_per_conversation") or []
+        spread = f"{statistics.median(r):.2f} [{min(r):.2f}, {max(r):.2f}]" if r else "-"
+        print(f"{d['name']:<28} {d['mean_accepted_tokens']:>6.3f} {d['tokens_per_s']:>8.1f} "
+              f"{d['speedup_vs_ar']:>6.2f} {spread:>30} {m:>7}{proj}", file=file)
+
+
+def print_divergences(report: dict, file=sys.stdout) -> None:
+    """Greedy rows that left AR's tokens: where, and AR's top-2 logit margin there (near 0 = numerics)."""
+    for d in report["drafters"]:
+        for v in d.get("divergences", []):
+            m = "-" if v["ar_top2_margin"] is None else f"{v['ar_top2_margin']:.4f}"
+            print(f"diverged: {d['name']} conversation {v['conversation']} turn {v['turn']} at token {v['position']}"
+                  f" (AR {v['ar_token']}, got {v['got_token']}); AR top-2 logit margin {m}", file=file)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m decode.evaluate", description=__doc__.splitlines()[0])
+    add_decode_args(ap)
+    ap.add_argument("--drafter", action="append", required=True, metavar="SPEC",
+                    help="drafter SPEC (repeatable), SPEC@TREE to give it its own --tree; also HF peers: "
+                    + ", ".join(HF_FORMS))
+    ap.add_argument("--prompts", required=True, help="Spec-Bench/MT-bench jsonl, {'prompt': ...} jsonl, or text")
+    ap.add_argument("--limit", type=int, default=None, help="only the first N prompts (conversations)")
+    ap.add_argument("--target-pass-s", type=float, nargs="+", default=DEFAULT_PASS_COSTS, metavar="S",
+                    help="target-pass costs (seconds) for the cost model")
+    ap.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up generation per drafter")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch CPU threads (default: torch's choice; 1 is fastest for tiny targets on a busy machine)")
+    ap.add_argument("--workers", type=int, default=1,
+                    help="deal the prompts to N processes of 1 torch thread each (decode.harness.workers; N <= cores)")
+    ap.add_argument("--out", required=True, help="directory for report.json, report.md and plots")
+    args = ap.parse_args(argv)
+    if args.limit is not None and args.limit < 1:
+        ap.error("--limit must be >= 1")
+    if args.workers < 1:
+        ap.error("--workers must be >= 1")
+
+    from transformers.utils import logging as hf_logging
+
+    from decode.errors import USER_ERRORS, check_out_dir, writing
+    from decode.generate import check_decode_args, dtype_line
+
+    hf_logging.set_verbosity_error()  # HF assisted generation warns on every drafting call
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    try:
+        check_decode_args(args)
+        check_out_dir(args.out)  # an unwritable --out fails now, not after the whole evaluation
+        cfg = EvalConfig(args.max_new_tokens, SamplingConfig(args.temperature, args.top_k, args.top_p), args.tree,
+                         args.draft_len, args.policy, args.seed, not args.no_warmup)
+        if cfg.tree != AUTO:
+            parse_shape(cfg.tree, cfg.draft_len)  # fail on a bad --tree before loading anything
+        make_policy(cfg.policy)
+        convs = load_prompts(args.prompts, args.limit)
+        from decode.offload import load_target_from_args
+        from drafters.registry import resident_layers
+
+        # one load for every drafter: the deepest early layers any of them runs stay resident
+        base_specs = [d.rpartition("@")[0] if "@" in d else d for d in args.drafter]
+        target = load_target_from_args(args, resident_layers([d for d in base_specs if not is_hf_spec(d)]))
+        print(dtype_line(args.dtype, target), file=sys.stderr)
+        runners = prepare(target, args.drafter, cfg)
+        meta = {"target": args.target, "prompts": args.prompts, "dtype": str(target.dtype).removeprefix("torch."),
+                "attn": args.attn}
+        report = evaluate(target, runners, convs, cfg, args.target_pass_s, meta, run_dir=args.out,
+                          workers=args.workers)
+        with writing(args.out):
+            paths = write_report(report, args.out)
+    except USER_ERRORS as e:  # bad input: say what to fix, no traceback
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print_table(report)
+    print_divergences(report)
+    print(f"wrote {', '.join(str(p) for p in paths)}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
