@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from decode.passes import forward_tree
 from decode.target import Target
 from decode.tree import DraftTree
 
@@ -37,7 +38,7 @@ def measure_pass_cost(target: Target, tokens: tuple[int, ...] = DEFAULT_TOKENS, 
     1. prefill `prefix` random tokens once; 2. one untimed warm-up pass per n; 3. `repeats` rounds, each
     timing one pass per n in a rotated order — so a stretch of load on a shared machine falls on every n
     alike, not on the n that happened to be measured then (measured before: the chat target's 1-row pass
-    read 47 ms in one curve and 25 ms in the next). Each pass goes through `Target.forward_tree` (the
+    read 47 ms in one curve and 25 ms in the next). Each pass goes through `decode.passes.forward_tree` (the
     decoder's own verification path: layers over every row, the LM head on the root row — decode.generate
     applies it only to the rows it visits) and is cropped back to the prefix. `before_pass` runs untimed
     before each pass (e.g. `drop_page_cache` for cold-disk numbers).
@@ -60,7 +61,7 @@ def measure_pass_cost(target: Target, tokens: tuple[int, ...] = DEFAULT_TOKENS, 
             before_pass()
         root, tree = passes[n]
         t0 = time.perf_counter()
-        out = target.forward_tree(root, tree, cache, logits=False)
+        out = forward_tree(target, root, tree, cache, logits=False)
         target.head(out.last[:1])  # the decoder's verifier runs the LM head on the rows it visits only
         if target.device.type == "cuda":
             torch.cuda.synchronize(target.device)

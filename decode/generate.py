@@ -18,9 +18,9 @@ from torch import Tensor
 
 from decode.metrics import GenStats
 from decode.offload import add_offload_args, load_target_from_args
+from decode.passes import forward_tree
 from decode.policies import FixedPolicy, Policy, Round, capped, constant_cost, make_policy
 from decode.precision import bf16_reason
-from decode.harness.prompts import chat_calibration_turns, render_turn
 from decode.protocol import Budget, Drafter, TargetStep, layer_reuse, side_rows
 from decode.sampling import Rng, SamplingConfig, TorchRng, probs_from_logits
 from decode.target import Target
@@ -97,7 +97,7 @@ def generate(target: Target, drafter: Drafter, prompt_ids: Tensor, max_new_token
 
         # 3. verify: one target pass over [pending] + tree (+ side rows a drafter rides along, never committed).
         #    The LM head runs only on the rows verification visits (the accepted path + its bonus row) and their children.
-        out = target.forward_tree(emitted[-1], tree, cache, hidden_ids, reuse, side, logits=False)
+        out = forward_tree(target, emitted[-1], tree, cache, hidden_ids, reuse, side, logits=False)
         rows = out.last[: 1 + tree.size]  # [1 + N, D] pre-norm
         also = child_rows(tree)  # a visited row's children ride along: the walk's next visit is one of them
         if sampling.greedy:
@@ -200,13 +200,15 @@ def policy_for(spec: str, target_pass_s: float | None = None) -> Policy:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # the front end's imports: the harness's chat rendering and --tree auto, and the SPEC registry
+    from decode.harness.prompts import chat_calibration_turns, render_turn
     from drafters.registry import make_drafter, resident_layers
 
     ap = argparse.ArgumentParser(prog="python -m decode.generate", description=__doc__.splitlines()[0])
     add_decode_args(ap)
     ap.add_argument("--drafter", default="ar", help="drafter SPEC (see drafters.registry)")
     ap.add_argument("--prompt", required=True, help="the user's message (rendered with the target's chat template "
-                    "when it has one, as decode.harness.evaluate does)")
+                    "when it has one, as decode.evaluate does)")
     ap.add_argument("--raw", action="store_true", help="encode --prompt as is: no chat template")
     ap.add_argument("--target-pass-s", type=float, default=None,
                     help="seconds one target pass costs, for the cost-aware policies (e.g. 20 for a streamed 14B "

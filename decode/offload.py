@@ -39,8 +39,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from decode.loading import DTYPES, local_config, resolve_model_path
 from decode.precision import resolve_dtype
-from decode.target import DTYPES, Target, local_config, resolve_model_path
+from decode.target import Target
 
 OFFLOAD_MODES = ("none", "cpu", "disk")
 

@@ -8,8 +8,9 @@ from typing import Protocol, runtime_checkable
 from torch import Tensor
 
 from decode.kvcache import KVCache
+from decode.masks import SideRows
+from decode.passes import LayerReuse
 from decode.sampling import Rng, SamplingConfig
-from decode.target import LayerReuse, SideRows
 from decode.tree import DraftTree, Shape
 
 

@@ -13,9 +13,10 @@ import torch
 from torch import Tensor
 
 from decode.kvcache import KVCache
+from decode.masks import causal_mask
+from decode.passes import LayerReuse
 from decode.protocol import Budget, TargetStep
 from decode.sampling import probs_from_logits
-from decode.target import LayerReuse, causal_mask
 from decode.tree import DraftTree, SampleFn, grow
 
 # run(ids [T], positions [T], mask [1, 1, T, S] or None, cache) -> (logits [T, V], state [T, D])

@@ -16,7 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from decode.target import load_tokenizer
+from decode.loading import load_tokenizer
 from train.data.sources import DataConfig, load_records
 
 REPO = Path(__file__).resolve().parents[1]

@@ -34,8 +34,8 @@ import torch  # noqa: E402
 
 from train.cache import STORAGE_DTYPES, bytes_per_token  # noqa: E402
 from train.config import load_recipe  # noqa: E402
-from train.features import extract, load_target  # noqa: E402
 from train.data.regen import regenerate  # noqa: E402
+from train.features import extract, load_target  # noqa: E402
 
 RECIPE = """target: recipes/targets/stories260K
 data:

@@ -43,8 +43,8 @@ from drafters.trainable.losses import (
 from train.batch import collate
 from train.cache import FeatureCache
 from train.config import load_recipe
-from train.features import compute_features
 from train.data.identity import data_home
+from train.features import compute_features
 
 REPO = Path(__file__).resolve().parents[1]
 STEP = 1000  # the training step both forms are told (LayerSkip's curriculum: the exits on at this step)

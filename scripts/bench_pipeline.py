@@ -38,16 +38,16 @@ from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from decode.precision import has_bf16  # noqa: E402
 from decode.harness.prompts import load_prompts  # noqa: E402
+from decode.precision import has_bf16  # noqa: E402
 from decode.target import Target  # noqa: E402
 from drafters.serving.checkpoint import drafter_kinds  # noqa: E402
 from drafters.serving.vllm_env import cpu_head_dim_ok, find_engine_python, run_worker, vllm_in_this_env  # noqa: E402
 from train.config import load_recipe  # noqa: E402
-from train.data.sources import RegenConfig  # noqa: E402
-from train.features import compute_features  # noqa: E402
 from train.data.regen import VLLM_WORKER, hf_rounds, start_prefix, vllm_job, vllm_replies, worker_env  # noqa: E402
+from train.data.sources import RegenConfig  # noqa: E402
 from train.data.tokens import has_template, render  # noqa: E402
+from train.features import compute_features  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 KINDS = ["eagle1", "eagle3", "medusa", "layerskip"]

@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 
 from decode.target import Target
-from train.data.sources import DataConfig, RegenConfig, load_records
 from train.data.identity import data_home
 from train.data.regen import sample, start_prefix
+from train.data.sources import DataConfig, RegenConfig, load_records
 from train.data.tokens import has_template, render
 
 REPO = Path(__file__).resolve().parents[1]

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from decode.target import load_tokenizer
-from train.data.sources import DataConfig, load_records
+from decode.loading import load_tokenizer
 from train.data.identity import data_home
+from train.data.sources import DataConfig, load_records
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -29,10 +29,11 @@ from torch.profiler import ProfilerActivity, profile
 
 from decode.costmodel import format_curve, measure_pass_cost
 from decode.errors import missing_target
-from decode.harness.evaluate import EvalConfig, make_run
 from decode.generate import encode_prompt
-from decode.metrics import GenStats
+from decode.harness.evaluate import EvalConfig, make_run
 from decode.harness.prompts import load_prompts, render_turn
+from decode.metrics import GenStats
+from decode.passes import forward_tree
 from decode.target import Target
 from decode.tree import DraftTree
 from decode.verify import LazyRows, verify_greedy
@@ -65,7 +66,7 @@ def head_ab(target: Target, n: int, prefix: int, repeats: int = 5) -> tuple[floa
     for r in range(2 * repeats + 2):
         lazy = bool(r % 2)
         t0 = time.perf_counter()
-        out = target.forward_tree(1, tree, cache, logits=not lazy)
+        out = forward_tree(target, 1, tree, cache, logits=not lazy)
         if lazy:
             verify_greedy(tree, LazyRows(lambda h: target.head(h).argmax(-1), out.last))
         else:

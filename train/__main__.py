@@ -24,9 +24,9 @@ import torch
 from decode.errors import check_out_dir, run_cli
 from drafters.serving.checkpoint import drafter_kinds, save_drafter
 from train.config import load_recipe, to_dict, with_feature_ids
+from train.data.fetch import prepare
 from train.dataset import training_data
 from train.features import Dist, build_cache, load_target, prepare_data, resolve_precision
-from train.data.fetch import prepare
 from train.loop import train
 
 

@@ -37,7 +37,7 @@ from omegaconf.errors import (
     ValidationError,
 )
 
-from decode.target import DTYPES
+from decode.loading import DTYPES
 from drafters.trainable.eagle import Eagle1Config, Eagle3Config
 from drafters.trainable.layerskip import LayerSkipConfig
 from drafters.trainable.medusa import MedusaConfig

@@ -53,16 +53,18 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
+from decode.passes import forward_batch
 from decode.precision import bf16_reason, resolve_dtype
-from decode.target import Target, local_config
+from decode.loading import local_config
+from decode.target import Target
 from train.batch import collate
 from train.cache import CacheError, FeatureCache, check_existing, shard_name, write_index, write_shard
 from train.config import FeaturesConfig, Recipe, dump_config, load_recipe, with_feature_ids
-from train.data.sources import load_records
-from train.data.home import use
 from train.data.fetch import prepare
+from train.data.home import use
 from train.data.identity import digest, keyed_dir, target_identity
 from train.data.regen import drop_strays, regenerate, write_text_atomically
+from train.data.sources import load_records
 from train.data.tokens import TokenStats, end_token_ids, split_held_out, tokenize_dataset
 
 
@@ -100,7 +102,7 @@ def compute_features(target: Target, input_ids: Tensor, attention_mask: Tensor, 
     forward + backward in fp32, scripts/bench_train_step.py).
     """
     ids = tuple(sorted(set(hidden_ids)))
-    last, hidden = target.forward_batch(input_ids, attention_mask, ids, position_ids)  # [B, T, D]
+    last, hidden = forward_batch(target, input_ids, attention_mask, ids, position_ids)  # [B, T, D]
     real = (attention_mask.to(last.device) > 0)[..., None]  # [B, T, 1]
     out: dict[str, Any] = {"hidden": {i: torch.where(real, h.float(), 0.0) for i, h in hidden.items()}}
     b, t = input_ids.shape

@@ -92,7 +92,7 @@ def _tree_spec(v: str) -> bool:
 
 
 def _dtype_names() -> list[str]:
-    from decode.target import DTYPES
+    from decode.loading import DTYPES
 
     return sorted(DTYPES)
 

@@ -26,8 +26,8 @@ from pathlib import Path
 
 from torch import Tensor
 
-from decode.harness import calibration as cal
 from decode.costmodel import cost_at, measure_pass_cost
+from decode.harness import calibration as cal
 from decode.protocol import Drafter
 from decode.target import Target
 from decode.tree import Shape

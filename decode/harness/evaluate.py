@@ -28,18 +28,18 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from decode.harness.autoshape import AUTO, AutoChoice, pass_cost_curve, resolve, shape_spec
 from decode.generate import Generation, add_decode_args, encode_prompt, generate
+from decode.harness.autoshape import AUTO, AutoChoice, pass_cost_curve, resolve, shape_spec
 from decode.harness.hf_peers import HF_FORMS, is_hf_spec, make_hf_peer
+from decode.harness.prompts import Conversation, answer_text, load_prompts, render_turn
+from decode.harness.report import SpecRun, TurnResult, build_report, total_stats, write_report
+from decode.harness.workers import decode_in_workers
 from decode.metrics import GenStats
 from decode.policies import make_policy
-from decode.harness.prompts import Conversation, answer_text, load_prompts, render_turn
 from decode.protocol import Drafter
-from decode.harness.report import SpecRun, TurnResult, build_report, total_stats, write_report
 from decode.sampling import SamplingConfig
 from decode.target import Target
 from decode.tree import Shape, parse_shape
-from decode.harness.workers import decode_in_workers
 
 DEFAULT_PASS_COSTS = [20.0, 0.025]  # a 14B target streamed from disk; the same on a GPU
 

@@ -21,10 +21,11 @@ import torch
 from torch import Tensor, nn
 
 from decode.generate import Generation
+from decode.loading import check_same_tokenizer
 from decode.metrics import GenStats
 from decode.options import parse_kv
 from decode.sampling import SamplingConfig
-from decode.target import Target, check_same_tokenizer
+from decode.target import Target
 
 HF_FORMS = [
     "hf-generate",

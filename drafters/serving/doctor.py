@@ -34,7 +34,9 @@ from drafters.serving.layouts.rules import (
     eagle3_engine,
     engine_ids,
     key_problems,
+    recorded_capture_ids,
     tokenizer_digest,
+    unnamed_ids_warning,
 )
 
 
@@ -50,7 +52,7 @@ class Report:
 
 def load_target_tokenizer(name_or_path: str):
     """The target's tokenizer, or None when it has none (no tokenizer files) or it cannot be read."""
-    from decode.target import load_tokenizer
+    from decode.loading import load_tokenizer
 
     p = Path(name_or_path)
     if p.is_dir() and not any((p / f).is_file() for f in TOKENIZER_FILES):
@@ -117,9 +119,12 @@ def engine_report(path: Path, fmt: str, cfg: dict, facts: TargetFacts, target_to
         rep.summary += (f"; capture ids (HF) {ids} = {engine} {engine_ids(fmt, cfg, ids)}"
                         f"{'' if explicit else ' (engine default)'}; draft vocab {cfg.get('draft_vocab_size')} "
                         f"of {facts.vocab}")
-        if not explicit:
+        unnamed = unnamed_ids_warning(cfg, ids, explicit)  # none for our own exports of the default ids
+        if unnamed and recorded_capture_ids(cfg) is None:
             rep.notes.append(f"the config names no capture ids: engines (and draftsmith) use the default HF ids {ids}; "
                              "if the drafter was trained on other layers, write them into the config")
+        elif unnamed:
+            rep.notes.append(unnamed)
         elif fmt == "eagle3" and eagle3_engine(cfg):
             rep.notes.append(f"written for {eagle3_engine(cfg)} only (explicit capture ids that SGLang and vLLM read "
                              "differently); the other engine needs its own export (--engine)")

@@ -22,7 +22,7 @@ from decode.errors import load_safetensors, read_json
 from decode.target import Target
 from drafters.serving.checkpoint import in_target_dtype, load_drafter, read_meta
 from drafters.serving.layouts.formats import LAYER_PREFIX, detect_format, problems
-from drafters.serving.layouts.rules import SHARED_EMBEDDING, TargetFacts, capture_ids_hf
+from drafters.serving.layouts.rules import SHARED_EMBEDDING, TargetFacts, capture_ids_hf, unnamed_ids_warning
 
 
 def read_config(path: Path) -> dict | None:
@@ -103,9 +103,9 @@ def load_eagle3(path: Path, target: Target):
                      t2d=torch.ones(target.vocab_size, dtype=torch.bool))
     draft_vocab(state["d2t"], state["t2d"], target.vocab_size, path)
     ids, explicit = capture_ids_hf(fmt, cfg, target.num_layers)
-    if not explicit:
-        print(f"[{path}] warning: the config names no capture ids; using the engines' default HF ids {ids}",
-              file=sys.stderr)
+    unnamed = unnamed_ids_warning(cfg, ids, explicit)  # silent for our own exports of the default ids
+    if unnamed:
+        print(f"[{path}] warning: {unnamed}", file=sys.stderr)
     module = Eagle3(target, Eagle3Config(capture_ids=tuple(ids), draft_vocab_size=state["d2t"].numel(),
                                          intermediate_size=layer["intermediate_size"]))
     module.load_state_dict(state)  # strict: problems() already matched every key and shape

@@ -8,7 +8,8 @@
    tensors and check them against the engine's expectations (exact key set, shapes, required config
    fields, the target's sizes, max positions, rope and capture ids) before anything is written;
 4. write atomically (temp dir + rename), with the target's tokenizer files so that
-   `draftsmith doctor` can later check tokenizer identity.
+   `draftsmith doctor` can later check tokenizer identity, and a model card (README.md: Hub metadata,
+   target, data, training, recorded τ, serve commands; drafters/serving/model_card.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from decode.errors import UserError, check_out_dir, one_line, writing
+from drafters.serving.card_facts import export_facts
 from drafters.serving.checkpoint import (
     ADAPTER_DIR,
     config_fingerprint,
@@ -51,6 +53,7 @@ from drafters.serving.layouts.rules import (
     fc_column_order,
     key_problems,
 )
+from drafters.serving.model_card import model_card
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
@@ -88,7 +91,7 @@ def target_config(name_or_path: str):
     """The target's PretrainedConfig (config.json only; no weights are read)."""
     from transformers import AutoConfig
 
-    from decode.target import resolve_model_path
+    from decode.loading import resolve_model_path
 
     try:
         return AutoConfig.from_pretrained(resolve_model_path(name_or_path), trust_remote_code=False)
@@ -164,8 +167,14 @@ def export(src: str | Path, fmt: str, out: str | Path, target: str | None = None
     if fmt == "native":
         if dtype != "keep":
             raise ValueError("the native format keeps the training dtype (--dtype is for engine formats)")
+        card = export_card(ckpt, meta, fmt, meta, name, out, config)
+
+        def write_native(tmp: Path) -> None:
+            copy_native(ckpt, tmp)
+            (tmp / "README.md").write_text(card, encoding="utf-8")
+
         with writing(out):
-            return write_atomically(out, lambda tmp: copy_native(ckpt, tmp))
+            return write_atomically(out, write_native)
 
     # 3. plan, gather, check
     facts = TargetFacts.of(config.to_dict(), name)
@@ -194,9 +203,11 @@ def export(src: str | Path, fmt: str, out: str | Path, target: str | None = None
 
     # 4. write
     tok_dir = local_model_dir(name)
+    card = export_card(ckpt, meta, fmt, layout, name, out, config)
 
     def write(tmp: Path) -> None:
         (tmp / "config.json").write_text(json.dumps(layout, indent=2) + "\n")
+        (tmp / "README.md").write_text(card, encoding="utf-8")
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         for f in TOKENIZER_FILES:
             if tok_dir is not None and (tok_dir / f).is_file():
@@ -204,6 +215,14 @@ def export(src: str | Path, fmt: str, out: str | Path, target: str | None = None
 
     with writing(out):
         return write_atomically(out, write)
+
+
+def export_card(ckpt: Path, meta: dict, fmt: str, layout: dict, target: str, out: str | Path, config) -> str:
+    """README.md of the export (drafters/serving/model_card.py), built before anything is written so that the
+    card lands in the same atomic rename as the weights it describes."""
+    facts = export_facts(ckpt, meta, fmt, layout, target, str(out), local_model_dir(target),
+                         getattr(config, "num_hidden_layers", None))
+    return model_card(facts)
 
 
 def ascending_fc(fc: torch.Tensor, ids: list[int]) -> torch.Tensor:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from decode.target import Target, check_same_tokenizer
+from decode.loading import check_same_tokenizer
+from decode.target import Target
 from drafters.common import LMDrafter
 
 

@@ -5,7 +5,7 @@ The target drafts for itself. Every target pass carries two branches under one c
   a tree and verified like any draft (so the output is exactly the target's);
 - the lookahead branch: a window of Jacobi iterates whose outputs become new n-grams for the pool.
 These side rows see the prefix, the pending token and each other, never the tree; the tree never
-sees them, and their KV is dropped when the cache is compacted (decode.target.SideRows).
+sees them, and their KV is dropped when the cache is compacted (decode.masks.SideRows).
 
 The window (W = window, N = ngram) has rows 0..N-2 over columns 0..W-1, root = the pending token
 at position p. Row 0 holds columns 1..W-1 (column 0 is the root); rows r >= 1 hold all W columns.
@@ -26,8 +26,9 @@ import random
 import torch
 from torch import Tensor
 
+from decode.masks import SideRows
 from decode.protocol import Budget, TargetStep
-from decode.target import SideRows, Target
+from decode.target import Target
 from decode.tree import DraftTree
 from drafters.sources.prompt_lookup import trie
 

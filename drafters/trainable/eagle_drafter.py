@@ -17,8 +17,8 @@ import torch
 from torch import Tensor
 
 from decode.kvcache import KVCache
+from decode.masks import causal_mask
 from decode.protocol import Budget, TargetStep
-from decode.target import causal_mask
 from decode.tree import DraftTree, grow
 from drafters.common import Scratch, sampler
 from drafters.trainable.draft_layer import CacheContext

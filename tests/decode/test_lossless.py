@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from decode.generate import encode_prompt, generate
+from decode.passes import forward_tree
 from decode.sampling import SamplingConfig
 from decode.target import Target
 from decode.tree import Shape, parse_shape
@@ -100,7 +101,7 @@ def test_early_exit_reuse_is_exact(stories):
         tree = d.propose(Budget(Shape("chain", k=5)))
         r = layer_reuse(d)
         assert (r is not None) == reuse
-        outs.append(stories.forward_tree(first, tree, cache, reuse=r).logits)
+        outs.append(forward_tree(stories, first, tree, cache, reuse=r).logits)
         caches.append(cache)
     assert outs[0].shape == (6, stories.vocab_size)
     torch.testing.assert_close(outs[0], outs[1], atol=2e-5, rtol=1e-5)
@@ -153,9 +154,9 @@ def test_lazy_lm_head_visits_only_the_accepted_path_and_agrees_with_full_logits(
     # a tree whose first-level children hold the target's own next tokens (greedy AR), so paths get accepted
     ar = generate(stories, ARDrafter(), ids, 4).tokens
     tree = DraftTree(tokens=torch.tensor([ar[1], 7, ar[2], 9, ar[3], 11]), parents=torch.tensor([-1, -1, 0, 0, 2, 1]))
-    full = stories.forward_tree(first, tree, cache)
+    full = forward_tree(stories, first, tree, cache)
     cache.crop(ids.numel())
-    lean = stories.forward_tree(first, tree, cache, logits=False)
+    lean = forward_tree(stories, first, tree, cache, logits=False)
     assert lean.logits is None and torch.equal(lean.last, full.last)
     rows = LazyRows(lambda h: stories.head(h).argmax(-1), lean.last)
     want = verify_greedy(tree, full.logits.argmax(-1))

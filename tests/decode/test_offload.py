@@ -12,6 +12,7 @@ from accelerate.utils.offload import PrefixedDataset
 from decode.costmodel import cost_at, load_curve, measure_pass_cost, save_curve
 from decode.generate import encode_prompt, generate, main
 from decode.offload import OffloadConfig, OffloadError, empty_model, load_target, parse_size, plan_placement
+from decode.passes import forward_tree
 from decode.target import Target
 from decode.tree import parse_shape
 from drafters.registry import make_drafter, resident_layers
@@ -89,7 +90,7 @@ def test_bundled_target_offload_matches_and_drafting_never_streams(stories, tmp_
     drafter.begin(prompt, TargetStep(torch.cat([prompt[1:], torch.tensor([first])]), {}, [], prompt.numel(), cache))
     tree = drafter.propose(Budget(parse_shape("chain", 6)))
     assert tree.size == 6 and len(reads) == per_pass, "drafting streamed target weights"
-    off.forward_tree(first, tree, cache, reuse=drafter.reuse())
+    forward_tree(off, first, tree, cache, reuse=drafter.reuse())
     assert len(reads) == 2 * per_pass
     if mode == "disk":  # cpu_offload hooks a layer on its own, so its keys are layer-relative
         assert {r.split(".")[2] for r in reads} == {"2", "3", "4"}  # model.layers.{i}....

@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decode.target import LayoutError, Target, load_model
+from decode.loading import LayoutError, load_model
+from decode.passes import forward_tree
+from decode.target import Target
 from decode.tree import DraftTree, path_to
 
 PARENTS = [-1, -1, 0, 0, 1, 2, 4]  # a small branching tree
@@ -27,7 +29,7 @@ def test_tree_forward_equals_per_path_recompute(tiny):
     tree = DraftTree(torch.randint(3, 128, (len(PARENTS),)), torch.tensor(PARENTS))
     cache = tiny.new_cache()
     tiny.prefill(prompt, cache)
-    out = tiny.forward_tree(root, tree, cache, hidden_ids=(1, tiny.num_layers))
+    out = forward_tree(tiny, root, tree, cache, hidden_ids=(1, tiny.num_layers))
     for node in range(-1, tree.size):
         path = [root] + tree.tokens[path_to(tree.parents, node)].tolist()
         ref = tiny.model(torch.cat([prompt, torch.tensor(path)])[None], output_hidden_states=True)
@@ -40,7 +42,7 @@ def test_decode_after_compaction_equals_full_recompute(tiny):
     tree = DraftTree(torch.randint(3, 128, (len(PARENTS),)), torch.tensor(PARENTS))
     cache = tiny.new_cache()
     tiny.prefill(prompt, cache)
-    tiny.forward_tree(9, tree, cache)
+    forward_tree(tiny, 9, tree, cache)
     path = path_to(tree.parents, 6)  # nodes 1 -> 4 -> 6
     cache.compact(prompt.numel(), torch.tensor([0] + [i + 1 for i in path]))
     assert cache.lens == [prompt.numel() + 1 + len(path)] * tiny.num_layers
@@ -111,6 +113,6 @@ def test_missing_model_dir_names_the_path(tmp_path):
 
 
 def _causal(t: Target, n: int) -> torch.Tensor:
-    from decode.target import causal_mask
+    from decode.masks import causal_mask
 
     return causal_mask(0, n, t.dtype, t.device)

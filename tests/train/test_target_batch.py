@@ -1,10 +1,11 @@
-"""Target.forward_batch (padded / packed batches) against HF's own output_hidden_states."""
+"""decode.passes.forward_batch (padded / packed batches) against HF's own output_hidden_states."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from decode.passes import forward_batch
 from train.dataset import collate
 
 
@@ -26,7 +27,7 @@ def test_padded_batch_matches_output_hidden_states(tiny, side):
         sl = slice(0, len(s)) if side == "right" else slice(t - len(s), t)
         ids[b, sl], mask[b, sl] = s, 1
     all_ids = tuple(range(tiny.num_layers + 1))
-    last, hidden = tiny.forward_batch(ids, mask, all_ids)
+    last, hidden = forward_batch(tiny, ids, mask, all_ids)
     for b, s in enumerate(seqs):
         sl = slice(0, len(s)) if side == "right" else slice(t - len(s), t)
         ref = hf_hidden(tiny, s)
@@ -44,7 +45,7 @@ def test_packed_rows_attend_within_their_own_sequence(stories):
     batch = collate([row, single])
     assert batch["position_ids"][0].tolist() == [0, 1, 2, 3, 4, 5, 0, 1, 2, 3]
     assert batch["attention_mask"][1].tolist() == [1] * 9 + [0]
-    _, hidden = stories.forward_batch(batch["input_ids"], batch["attention_mask"], (2, 5), batch["position_ids"])
+    _, hidden = forward_batch(stories, batch["input_ids"], batch["attention_mask"], (2, 5), batch["position_ids"])
     for (b, a, n), s in zip([(0, 0, 6), (0, 6, 4), (1, 0, 9)], seqs):
         ref = hf_hidden(stories, s)
         for i in (2, 5):
@@ -53,4 +54,4 @@ def test_packed_rows_attend_within_their_own_sequence(stories):
 
 def test_hidden_id_out_of_range(tiny):
     with pytest.raises(ValueError, match=r"out of range 0\.\.4"):
-        tiny.forward_batch(torch.ones(1, 3, dtype=torch.long), torch.ones(1, 3, dtype=torch.long), (5,))
+        forward_batch(tiny, torch.ones(1, 3, dtype=torch.long), torch.ones(1, 3, dtype=torch.long), (5,))

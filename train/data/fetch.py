@@ -43,8 +43,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from train.data.sources import SHAREGPT_ROLES
 from train.data.identity import data_home
+from train.data.sources import SHAREGPT_ROLES
 
 STAMP = "fetch.json"
 FIRST_TURN_MAX_CHARS = 2000  # ~500 tokens: longer opening prompts are left out of first_turns.jsonl

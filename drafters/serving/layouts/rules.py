@@ -162,6 +162,34 @@ def capture_ids_hf(fmt: str, cfg: dict, layers: int) -> tuple[list[int], bool]:
     return engine_default_ids(layers), False
 
 
+def recorded_capture_ids(cfg: dict) -> list[int] | None:
+    """The HF capture ids draftsmith's exporter recorded in its `draftsmith` block (None: a foreign directory,
+    or an export that recorded none). The `eagle3` layout leaves the engines' shared default ids out of the
+    engine-read fields, so this record is how a reader tells "trained on the default" from "nobody said"."""
+    block = cfg.get("draftsmith")
+    if not isinstance(block, dict) or block.get("exported_by") != "draftsmith":
+        return None
+    ids = block.get("capture_ids_hf")
+    return [int(i) for i in ids] if isinstance(ids, list) and all(isinstance(i, int) for i in ids) else None
+
+
+def unnamed_ids_warning(cfg: dict, ids: list[int], explicit: bool) -> str | None:
+    """What to tell a user about capture ids a config does not name (`ids` = the engines' default it falls back
+    to), or None when there is nothing to tell: the config names them, or our own export records that it left
+    out exactly these default ids. A foreign directory that names none may have been trained on other layers,
+    and an export whose record disagrees with the default is damaged: both are said, as the engines read the
+    default either way."""
+    if explicit:
+        return None
+    recorded = recorded_capture_ids(cfg)
+    if recorded == ids:
+        return None
+    if recorded is not None:
+        return (f"the config names no capture ids, so engines (and draftsmith) use the default HF ids {ids}, but its "
+                f"draftsmith export block records {recorded}: re-export the drafter with draftsmith export")
+    return f"the config names no capture ids; using the engines' default HF ids {ids}"
+
+
 def eagle3_engine(cfg: dict) -> str | None:
     """The engine an `eagle3` directory with explicit capture ids was written for (None: not recorded)."""
     return field(cfg, "draftsmith.engine")

@@ -7,6 +7,8 @@ import pytest
 import torch
 
 from decode.ar import ARDrafter
+from decode.costmodel import cost_at
+from decode.generate import encode_prompt, generate
 from decode.harness.autoshape import (
     Costs,
     acceptance,
@@ -28,11 +30,9 @@ from decode.harness.calibration import (
     store,
     verify_extra,
 )
-from decode.costmodel import cost_at
 from decode.harness.evaluate import EvalConfig, evaluate, prepare
-from decode.generate import encode_prompt, generate
-from decode.metrics import GenStats
 from decode.harness.prompts import Conversation
+from decode.metrics import GenStats
 from decode.sampling import SamplingConfig
 from decode.target import Target
 from decode.tree import DraftTree
@@ -223,7 +223,7 @@ def test_generate_cli_tree_auto_calibrates_a_chat_turn_on_mt_bench_first_turns(c
 
 def test_dtype_auto_is_bf16_only_where_the_hardware_has_it(monkeypatch):
     import decode.precision as t
-    from decode.target import local_config
+    from decode.loading import local_config
 
     assert t.resolve_dtype("float32") == "float32" and t.resolve_dtype("bfloat16") == "bfloat16"
     monkeypatch.setattr(t, "cpu_flags", lambda: {"avx2", "fma"})

@@ -68,7 +68,7 @@ def test_empty_or_missing_file(tmp_path):
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from decode.target import load_tokenizer
+    from decode.loading import load_tokenizer
 
     return load_tokenizer(STORIES)
 

@@ -62,8 +62,8 @@ def test_native_export_round_trip(tmp_path, target_dir, kind):
     target = Target.load(target_dir)
     m = build(kind, target)
     out = export(run_dir(tmp_path, m, target_dir), "native", tmp_path / "native")
-    assert sorted(p.name for p in out.iterdir()) == (["adapter", "config.json", "model.safetensors"]
-                                                     if kind == "layerskip-lora" else ["config.json", "model.safetensors"])
+    files = ["README.md", "config.json", "model.safetensors"]  # README.md: the model card (test_model_card.py)
+    assert sorted(p.name for p in out.iterdir()) == sorted(files + ["adapter"] * (kind == "layerskip-lora"))
     fresh = Target.load(target_dir)  # a LoRA drafter injects into its target: load the copy on a new one
     loaded = load_drafter(out, fresh)
     assert all(torch.equal(v, loaded.state_dict()[k]) for k, v in m.state_dict().items())

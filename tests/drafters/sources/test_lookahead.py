@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from decode.generate import encode_prompt, generate
-from decode.target import SideRows
+from decode.masks import SideRows
+from decode.passes import forward_tree
 from decode.tree import DraftTree, Shape
 from drafters.registry import make_drafter
 from drafters.sources.ar import ARDrafter
@@ -37,7 +38,7 @@ def test_side_rows_ride_along_without_touching_the_tree(stories):
     for s in (None, side):
         cache = stories.new_cache()
         stories.prefill(ids[:-1], cache)
-        outs.append(stories.forward_tree(int(ids[-1]), tree, cache, side=s).logits)
+        outs.append(forward_tree(stories, int(ids[-1]), tree, cache, side=s).logits)
         assert cache.lens[0] == ids.numel() - 1 + 1 + tree.size + (len(cells) if s else 0)
     plain, both = outs
     torch.testing.assert_close(both[: 1 + tree.size], plain, rtol=1e-4, atol=1e-4)
