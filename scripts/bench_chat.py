@@ -28,7 +28,8 @@ from pathlib import Path
 import torch
 
 from decode.errors import missing_target
-from decode.harness.evaluate import EvalConfig, evaluate, make_run, print_divergences
+from decode.harness.divergence import print_divergences
+from decode.harness.evaluate import EvalConfig, evaluate, make_run
 from decode.harness.prompts import Conversation, first_per_category, load_prompts
 from decode.harness.report import write_report
 from decode.target import Target

@@ -40,7 +40,7 @@ from train.features import compute_features
 from train.optim import Muon, muon_split
 
 REPO = Path(__file__).resolve().parents[1]
-MODULES = {"eagle3": "drafters.trainable.eagle", "medusa": "drafters.trainable.medusa",
+MODULES = {"eagle3": "drafters.trainable.eagle3", "medusa": "drafters.trainable.medusa",
            "layerskip": "drafters.trainable.layerskip.objective"}
 
 

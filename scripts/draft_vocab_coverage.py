@@ -1,6 +1,6 @@
 """EAGLE-3 draft-vocabulary coverage: the share of trained (assistant) tokens the N most frequent tokens cover.
 
-The draft vocabulary is chosen from token counts on the training split (drafters/trainable/eagle.py
+The draft vocabulary is chosen from token counts on the training split (drafters/trainable/eagle3.py
 `build_draft_vocab`, train/__main__.py `token_counts`); what matters is how much of *unseen*
 assistant text it covers, since a token outside it can never be drafted. So: count on the first
 (1 - held_out) of the conversations, measure coverage on the rest, for several sizes N.

@@ -29,7 +29,8 @@ def build(config_path: str):
 
 
 def drafters(target) -> dict[str, torch.nn.Module]:
-    from drafters.trainable.eagle import Eagle1, Eagle3
+    from drafters.trainable.eagle import Eagle1
+    from drafters.trainable.eagle3 import Eagle3
     from drafters.trainable.layerskip import LayerSkip, LayerSkipConfig
     from drafters.trainable.medusa import Medusa
 

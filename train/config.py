@@ -38,7 +38,8 @@ from omegaconf.errors import (
 )
 
 from decode.loading import DTYPES
-from drafters.trainable.eagle import Eagle1Config, Eagle3Config
+from drafters.trainable.eagle import Eagle1Config
+from drafters.trainable.eagle3 import Eagle3Config
 from drafters.trainable.layerskip import LayerSkipConfig
 from drafters.trainable.medusa import MedusaConfig
 from train.data.sources import DataConfig

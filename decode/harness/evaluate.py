@@ -16,12 +16,9 @@
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import sys
 from dataclasses import asdict, dataclass, field, replace
 from itertools import accumulate
-from pathlib import Path
 from typing import Protocol
 
 import torch
@@ -30,7 +27,9 @@ from tqdm import tqdm
 
 from decode.generate import Generation, add_decode_args, encode_prompt, generate
 from decode.harness.autoshape import AUTO, AutoChoice, pass_cost_curve, resolve, shape_spec
+from decode.harness.divergence import divergences, print_divergences, print_table
 from decode.harness.hf_peers import HF_FORMS, is_hf_spec, make_hf_peer
+from decode.harness.labels import checkpoint_kind
 from decode.harness.prompts import Conversation, answer_text, load_prompts, render_turn
 from decode.harness.report import SpecRun, TurnResult, build_report, total_stats, write_report
 from decode.harness.workers import decode_in_workers
@@ -203,40 +202,6 @@ def interleaved(target: Target, runners: list[tuple[str, Runner]], convs: list[C
     return runs, ratios
 
 
-@torch.inference_mode()
-def divergences(target: Target, runs: list[SpecRun], convs: list[Conversation]) -> dict[str, list[dict]]:
-    """Per greedy run, where it first leaves AR's tokens in each conversation, and AR's top-2 margin there.
-
-    runs[0] is AR. At a divergence the margin top1 - top2 of AR's own logits at that position tells
-    numerics from a bug: a near-tie (a bf16 target, a batch-shape-dependent kernel) is numerics; a
-    clear margin is a bug. Later turns of that conversation are skipped (their prompts differ).
-    """
-    ar, tok = runs[0], target.tokenizer
-    ar_turns = {(t.id, t.turn): t for t in ar.turns}
-    turns_of = {c.id: c.turns for c in convs}
-    out: dict[str, list[dict]] = {}
-    for run in runs[1:]:
-        found, done = [], set()
-        for t in run.turns:
-            ref = ar_turns.get((t.id, t.turn))
-            if ref is None or t.id in done or t.tokens == ref.tokens:
-                continue
-            done.add(t.id)
-            i = next((j for j, (a, b) in enumerate(zip(ref.tokens, t.tokens)) if a != b), None)
-            if i is None:  # one is a prefix of the other (an EOS or a length cut differs)
-                found.append({"conversation": t.id, "turn": t.turn, "position": min(len(ref.tokens), len(t.tokens)),
-                              "ar_token": None, "got_token": None, "ar_top2_margin": None})
-                continue
-            answers = [answer_text(tok, ar_turns[(t.id, k)].tokens) for k in range(t.turn)]
-            text, special = render_turn(tok, turns_of[t.id], answers)
-            ids = torch.cat([encode_prompt(target, text, special), torch.tensor(ref.tokens[:i], dtype=torch.long)])
-            top = target.forward(ids, None).logits[-1].float().topk(2).values
-            found.append({"conversation": t.id, "turn": t.turn, "position": i, "ar_token": ref.tokens[i],
-                          "got_token": t.tokens[i], "ar_top2_margin": float(top[0] - top[1])})
-        out[run.spec] = found
-    return out
-
-
 def choose_auto_shapes(target: Target, runners: list[tuple[str, Runner]], convs: list[Conversation],
                        run_dir: str | None, calibration_prompts: int = 8, file=sys.stderr) -> None:
     """--tree auto rows: calibrate on the first turns of a few conversations spread evenly over the list (one
@@ -252,20 +217,6 @@ def choose_auto_shapes(target: Target, runners: list[tuple[str, Runner]], convs:
     curve = pass_cost_curve(target)
     for r in pending:
         print(f"auto: {r.name} -> {r.choose_shape(prompts, curve, run_dir).describe()}", file=file)
-
-
-def checkpoint_kind(spec: str) -> str | None:
-    """The drafter kind of a checkpoint directory SPEC, from its config.json (None: not a directory)."""
-    base = spec.rpartition("@")[0] if "@" in spec else spec
-    try:
-        cfg = json.loads((Path(base) / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(cfg, dict):
-        return None
-    arch = " ".join(cfg.get("architectures") or [])
-    return (cfg.get("draftsmith_drafter") or cfg.get("speculators_model_type")
-            or ("eagle3" if "Eagle3" in arch else "medusa" if "num_heads" in cfg else None))
 
 
 def shape_text(runner: Runner) -> str | None:
@@ -306,30 +257,6 @@ def evaluate(target: Target, runners: list[tuple[str, Runner]], convs: list[Conv
         if d["spec"] in div:
             d["divergences"] = div[d["spec"]]  # greedy: first mismatch per conversation + AR's top-2 margin
     return report
-
-
-def print_table(report: dict, file=sys.stdout) -> None:
-    cols = f"{'drafter':<28} {'tau':>6} {'tok/s':>8} {'vs AR':>6} {'per prompt: median [min, max]':>30} {'matches':>7}"
-    costs = report["cost_model"]["target_pass_s"]
-    cols += "".join(f" {'@' + format(c, 'g') + 's':>8}" for c in costs)
-    print(cols, file=file)
-    for d in report["drafters"]:
-        m = {True: "yes", False: "NO", None: "-"}[d["matches_ar"]]
-        proj = "".join(f" {r['speedup_vs_ar']:>8.2f}" for r in d["cost_model"]) if d["cost_model"] else \
-            "".join(f" {'-':>8}" for _ in costs)
-        r = d.get("speedup_vs_ar_per_conversation") or []
-        spread = f"{statistics.median(r):.2f} [{min(r):.2f}, {max(r):.2f}]" if r else "-"
-        print(f"{d['name']:<28} {d['mean_accepted_tokens']:>6.3f} {d['tokens_per_s']:>8.1f} "
-              f"{d['speedup_vs_ar']:>6.2f} {spread:>30} {m:>7}{proj}", file=file)
-
-
-def print_divergences(report: dict, file=sys.stdout) -> None:
-    """Greedy rows that left AR's tokens: where, and AR's top-2 logit margin there (near 0 = numerics)."""
-    for d in report["drafters"]:
-        for v in d.get("divergences", []):
-            m = "-" if v["ar_top2_margin"] is None else f"{v['ar_top2_margin']:.4f}"
-            print(f"diverged: {d['name']} conversation {v['conversation']} turn {v['turn']} at token {v['position']}"
-                  f" (AR {v['ar_token']}, got {v['got_token']}); AR top-2 logit margin {m}", file=file)
 
 
 def main(argv: list[str] | None = None) -> int:

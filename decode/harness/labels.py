@@ -4,6 +4,7 @@ plots and report.md's first column (the full SPEC stays beside it), and a drafte
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -95,3 +96,17 @@ def per_conversation_tau(d: dict) -> list[float]:
         t[0] += row["new_tokens"]
         t[1] += row["target_forward_passes"]
     return [n / p for n, p in tok.values() if p]
+
+
+def checkpoint_kind(spec: str) -> str | None:
+    """The drafter kind of a checkpoint directory SPEC, from its config.json (None: not a directory)."""
+    base = spec.rpartition("@")[0] if "@" in spec else spec
+    try:
+        cfg = json.loads((Path(base) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(cfg, dict):
+        return None
+    arch = " ".join(cfg.get("architectures") or [])
+    return (cfg.get("draftsmith_drafter") or cfg.get("speculators_model_type")
+            or ("eagle3" if "Eagle3" in arch else "medusa" if "num_heads" in cfg else None))

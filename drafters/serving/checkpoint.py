@@ -36,7 +36,8 @@ FINGERPRINT_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_atten
 
 def drafter_kinds() -> dict[str, tuple[type, type]]:
     """kind -> (module class, config dataclass)."""
-    from drafters.trainable.eagle import Eagle1, Eagle1Config, Eagle3, Eagle3Config
+    from drafters.trainable.eagle import Eagle1, Eagle1Config
+    from drafters.trainable.eagle3 import Eagle3, Eagle3Config
     from drafters.trainable.layerskip import LayerSkip, LayerSkipConfig
     from drafters.trainable.medusa import Medusa, MedusaConfig
 

@@ -1,7 +1,7 @@
 """Import: drafter directories in serving-engine layouts -> draftsmith modules on a target (DESIGN §5).
 
 - EAGLE-3 in SGLang's layout (`LlamaForCausalLMEagle3`, the layout of EAGLE-3's own releases) or the
-  speculators layout (`Eagle3Speculator`) -> drafters.trainable.eagle.Eagle3, so published EAGLE-3 drafters can be
+  speculators layout (`Eagle3Speculator`) -> drafters.trainable.eagle3.Eagle3, so published EAGLE-3 drafters can be
   evaluated with `--drafter DIR`;
 - Medusa in vLLM's layout (`MedusaModel`) -> drafters.trainable.medusa.Medusa.
 Weights are read from safetensors only (a pickled pytorch_model.bin is refused with a fix). Every
@@ -87,7 +87,7 @@ def draft_vocab(d2t: Tensor, t2d: Tensor, vocab: int, path: Path) -> None:
 
 def load_eagle3(path: Path, target: Target):
     """An EAGLE-3 directory (SGLang or speculators layout) as an Eagle3 module on `target`."""
-    from drafters.trainable.eagle import Eagle3, Eagle3Config
+    from drafters.trainable.eagle3 import Eagle3, Eagle3Config
 
     cfg = read_config(path)
     fmt = detect_format(cfg or {})

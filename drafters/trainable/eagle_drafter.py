@@ -25,7 +25,7 @@ from drafters.trainable.draft_layer import CacheContext
 
 
 class EagleDrafter:
-    """Drafter protocol for drafters/trainable/eagle.py modules. Chains sample from q when sampling; trees are top-k."""
+    """Drafter protocol for the EAGLE-1/3 modules (drafters/trainable/eagle.py, eagle3.py). Chains sample from q when sampling; trees are top-k."""
 
     def __init__(self, module, name: str) -> None:
         self.m, self.name = module, name

@@ -63,7 +63,8 @@ KINDS = ["eagle1", "eagle3", "medusa", "layerskip", "layerskip-lora", "layerskip
 def build(kind: str, target: Target, seed: int = 0):
     """A random-init drafter module of each kind with test-sized settings (LoRA weights made non-zero, the
     copied layers moved off the target's)."""
-    from drafters.trainable.eagle import Eagle1, Eagle3, Eagle3Config
+    from drafters.trainable.eagle import Eagle1
+    from drafters.trainable.eagle3 import Eagle3, Eagle3Config
     from drafters.trainable.layerskip import LayerSkip, LayerSkipConfig
     from drafters.trainable.medusa import Medusa, MedusaConfig
 

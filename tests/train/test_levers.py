@@ -15,7 +15,8 @@ from decode.generate import generate
 from decode.target import Target
 from decode.tree import Shape
 from drafters.serving.checkpoint import new_drafter
-from drafters.trainable.eagle import Eagle1, Eagle1Config, Eagle3, Eagle3Config
+from drafters.trainable.eagle import Eagle1, Eagle1Config
+from drafters.trainable.eagle3 import Eagle3, Eagle3Config
 from drafters.trainable.layerskip import LayerSkip, LayerSkipConfig
 from drafters.trainable.layerskip.lora import ADAPTER
 from drafters.trainable.medusa import Medusa, MedusaConfig

@@ -153,7 +153,7 @@ def test_embedding_copy_is_a_note_not_a_problem(dirs, tmp_path):
 
 def test_tokenizer_identity(tmp_path):
     """stories260K has a tokenizer: exports ship it, and a drafter with another vocabulary is caught."""
-    from drafters.trainable.eagle import Eagle3, Eagle3Config
+    from drafters.trainable.eagle3 import Eagle3, Eagle3Config
 
     target = Target.load(STORIES)
     native = save_drafter(Eagle3(target, Eagle3Config(draft_vocab_size=128)), tmp_path / "native", target_id=str(STORIES))
@@ -182,7 +182,7 @@ def test_unreadable_input_exits_2(tmp_path, dirs, capsys):
 # --- the three silent engine defects of issue 13, each on a directory crafted to have it ---------------------
 
 def test_full_vocab_with_draft_vocab_keys_is_flagged(dirs, tmp_path, capsys):
-    from drafters.trainable.eagle import Eagle3, Eagle3Config
+    from drafters.trainable.eagle3 import Eagle3, Eagle3Config
 
     target = Target.load(dirs["target"])
     native = save_drafter(Eagle3(target, Eagle3Config(draft_vocab_size=128, ttt_steps=2)), tmp_path / "n",

@@ -72,7 +72,7 @@ def test_unbuildable_side_venv_is_one_error_line(tmp_path, monkeypatch, capsys):
 
 def train_eagle3(target: Target, capture_ids: tuple[int, ...], draft_vocab: int, steps: int = 80):
     """A few steps of EAGLE-3 on the target's own samples: enough for a drafter that accepts sometimes."""
-    from drafters.trainable.eagle import Eagle3, Eagle3Config
+    from drafters.trainable.eagle3 import Eagle3, Eagle3Config
 
     torch.manual_seed(0)
     with torch.no_grad():

@@ -173,7 +173,7 @@ def qwen3_14b_facts() -> TargetFacts:
 
 @pytest.mark.parametrize("fmt", ["eagle3", "speculators"])
 def test_qwen3_14b_eagle3_golden_layout(fmt):
-    from drafters.trainable.eagle import Eagle3
+    from drafters.trainable.eagle3 import Eagle3
 
     m = Eagle3(qwen3_14b_on_meta())
     native = {k: tuple(v.shape) for k, v in m.state_dict().items()}
@@ -217,7 +217,7 @@ def test_qwen3_14b_medusa_vllm_golden_layout():
 
 
 def test_export_gate_names_what_is_wrong():
-    from drafters.trainable.eagle import Eagle3
+    from drafters.trainable.eagle3 import Eagle3
 
     facts = qwen3_14b_facts()
     m = Eagle3(qwen3_14b_on_meta())
@@ -342,7 +342,7 @@ def test_export_is_atomic(tmp_path, target_dir, monkeypatch):
 @pytest.mark.parametrize("fmt", ["eagle3", "speculators"])
 def test_full_vocab_export_has_no_draft_vocab_keys(tmp_path, target_dir, fmt):
     """vLLM has no draft_id_to_target_id for a full draft vocabulary and refuses d2t/t2d then."""
-    from drafters.trainable.eagle import Eagle3, Eagle3Config
+    from drafters.trainable.eagle3 import Eagle3, Eagle3Config
 
     target = Target.load(target_dir)
     torch.manual_seed(0)
@@ -358,7 +358,7 @@ def test_full_vocab_export_has_no_draft_vocab_keys(tmp_path, target_dir, fmt):
 def test_unsorted_capture_ids_are_permuted_at_export(tmp_path, target_dir, fmt):
     """Engines fuse captured states in layer order: the export lists the ids ascending and permutes fc's
     input blocks to match, and the exported drafter drafts exactly as the native one."""
-    from drafters.trainable.eagle import Eagle3, Eagle3Config
+    from drafters.trainable.eagle3 import Eagle3, Eagle3Config
 
     target = Target.load(target_dir)
     torch.manual_seed(0)
@@ -384,7 +384,7 @@ def test_eagle3_layout_names_its_engine_for_other_ids(engine, written):
     """Non-default ids cannot be read alike by SGLang (HF id - 1) and vLLM (HF ids): written for one, tagged."""
     from drafters.serving.layouts.formats import problems
     from drafters.serving.layouts.rules import capture_ids_hf
-    from drafters.trainable.eagle import Eagle3, Eagle3Config
+    from drafters.trainable.eagle3 import Eagle3, Eagle3Config
 
     facts = qwen3_14b_facts()
     m = Eagle3(qwen3_14b_on_meta(), Eagle3Config(capture_ids=(3, 20, 37)))

@@ -11,7 +11,8 @@ import torch
 from decode.generate import generate
 from decode.target import Target
 from decode.tree import Shape
-from drafters.trainable.eagle import Eagle1, Eagle3, Eagle3Config, build_draft_vocab, default_capture_ids
+from drafters.trainable.eagle import Eagle1
+from drafters.trainable.eagle3 import Eagle3, Eagle3Config, build_draft_vocab, default_capture_ids
 from tests.drafters.batches import (
     chat_like_batch,
     fit,

@@ -8,7 +8,7 @@ import torch
 from decode.generate import generate
 from decode.tree import Shape
 from drafters.sources.early_exit import early_exit
-from drafters.trainable.eagle import Eagle3, Eagle3Config
+from drafters.trainable.eagle3 import Eagle3, Eagle3Config
 from tests.conftest import DEV_PROMPTS
 from tests.drafters.batches import make_batch
 
