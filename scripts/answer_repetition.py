@@ -2,7 +2,7 @@
 of the same answer, and how many answers reach a length cap.
 
 A drafter learns what its training answers do; a small model answering greedily falls into loops, and a drafter
-trained on loops learns to copy (issue 19, session 33: greedy answers of SmolLM2-135M repeat 41% of their 4-grams,
+trained on loops learns to copy (measured 2026-12-03: greedy answers of SmolLM2-135M repeat 41% of their 4-grams,
 sampled ones 22%). Any data source the trainer reads works (a regeneration shard, a ShareGPT file):
 
     python scripts/answer_repetition.py SOURCE [SOURCE ...] [--target DIR] [--n 4] [--cap 256] [--max-records N]

@@ -64,7 +64,7 @@ def label_of(d: dict) -> str:
 
 def drafter_name(path: str) -> str:
     """The name a trained drafter's directory goes by: its own, or its run's for a run's `export/`
-    (`runs/s43/e3-2500-5k/export` -> `e3-2500-5k`)."""
+    (`runs/2026-12-04/e3-2500-5k/export` -> `e3-2500-5k`)."""
     p = Path(path)
     return p.parent.name if p.name == "export" and p.parent.name else p.name
 

@@ -78,5 +78,5 @@ def one_thread():
 
 @pytest.fixture(scope="session")
 def threads1():
-    """`single_thread` for session-scoped fixtures (set up before the autouse one applies)."""
+    """`single_thread` for fixtures of pytest's widest scope (set up before the autouse one applies)."""
     return single_thread

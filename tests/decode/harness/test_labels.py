@@ -62,22 +62,22 @@ def test_two_drafters_of_one_kind_get_distinct_labels():
 
 def test_every_row_of_two_drafters_of_one_kind_is_tagged_and_exports_go_by_their_run():
     ds = [{"spec": s, "shape": shape, "drafter_kind": "eagle3", "auto": auto}
-          for s, shape, auto in (("runs/s43/e3-5k/export", "chain k=8", None),
-                                 ("runs/s43/e3-5k/export@auto", "dynamic:topk=4,depth=2,nodes=8", {"shape": "x"}),
+          for s, shape, auto in (("runs/2026-12-04/e3-5k/export", "chain k=8", None),
+                                 ("runs/2026-12-04/e3-5k/export@auto", "dynamic:topk=4,depth=2,nodes=8", {"shape": "x"}),
                                  ("recipes/x/drafters/eagle3", "chain k=8", None),
                                  ("recipes/x/drafters/eagle3@auto", "dynamic:topk=4,depth=1,nodes=4", {"shape": "x"}))]
     ds += [{"spec": "early-exit:4", "shape": "chain k=8", "drafter_kind": "early-exit", "auto": None},
            {"spec": "early-exit:8", "shape": "chain k=8", "drafter_kind": "early-exit", "auto": None},
            {"spec": "runs/m/export", "shape": "chain k=8", "drafter_kind": "medusa", "auto": None}]
     assert distinct_labels(ds) == {
-        "runs/s43/e3-5k/export": "eagle3 · chain 8 (e3-5k)", "runs/s43/e3-5k/export@auto": "eagle3 · auto: tree 8 (e3-5k)",
+        "runs/2026-12-04/e3-5k/export": "eagle3 · chain 8 (e3-5k)", "runs/2026-12-04/e3-5k/export@auto": "eagle3 · auto: tree 8 (e3-5k)",
         "recipes/x/drafters/eagle3": "eagle3 · chain 8 (eagle3)",
         "recipes/x/drafters/eagle3@auto": "eagle3 · auto: top-4 (eagle3)",
         "early-exit:4": "early-exit:4 · chain 8", "early-exit:8": "early-exit:8 · chain 8", "runs/m/export": "medusa · chain 8"}
 
 
 def test_report_md_tells_two_drafters_of_one_kind_apart_in_every_table():
-    # session 44: report.md's per-category and by-depth tables showed two `eagle3 · chain 8` rows, one per drafter
+    # a regression: report.md's per-category and by-depth tables showed two `eagle3 · chain 8` rows, one per drafter
     def row(spec: str, shape: str, auto: dict | None) -> dict:
         return {"spec": spec, "name": spec, "shape": shape, "drafter_kind": "eagle3", "auto": auto,
                 "time_split_s": None, "cost_model": None, "mean_accepted_tokens": 1.5, "tokens_per_s": 30.0,
