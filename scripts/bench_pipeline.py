@@ -6,7 +6,7 @@
 1. peak: a square GEMM (`--gemm-sizes`, best of them) in fp32 and bf16 — the machine's GFLOP/s per dtype;
 2. regeneration (the recipes' sampling: temperature 0.7, top-p 0.95): `--regen-prompts` contexts (MT-bench
    questions through the chat template; a target without one: stories from its start token) answered with
-   <= `--max-new-tokens` each by hf in fp32 and in bf16 (train/data/regen.py's length-bucketed batches), and by
+   <= `--max-new-tokens` each by hf in fp32 and in bf16 (train/data/regen_engines.py's length-bucketed batches), and by
    vLLM (drafters/serving/vllm_env.py) when this environment or the side venv has it and it takes the target;
    vLLM's tok/s is timed inside the worker (its `generate`), its start-up reported apart;
 3. features: the frozen target over `--seqs` x `--seq-len` token rows (train/features.py
@@ -44,7 +44,8 @@ from decode.target import Target  # noqa: E402
 from drafters.serving.checkpoint import drafter_kinds  # noqa: E402
 from drafters.serving.vllm_env import cpu_head_dim_ok, find_engine_python, run_worker, vllm_in_this_env  # noqa: E402
 from train.config import load_recipe  # noqa: E402
-from train.data.regen import VLLM_WORKER, hf_rounds, start_prefix, vllm_job, vllm_replies, worker_env  # noqa: E402
+from train.data.regen import start_prefix  # noqa: E402
+from train.data.regen_engines import VLLM_WORKER, hf_rounds, vllm_job, vllm_replies, worker_env  # noqa: E402
 from train.data.sources import RegenConfig  # noqa: E402
 from train.data.tokens import has_template, render  # noqa: E402
 from train.features import compute_features  # noqa: E402

@@ -20,7 +20,8 @@ import torch
 
 from decode.target import Target
 from train.data.identity import data_home
-from train.data.regen import sample, start_prefix
+from train.data.regen import start_prefix
+from train.data.regen_engines import sample
 from train.data.sources import DataConfig, RegenConfig, load_records
 from train.data.tokens import has_template, render
 

@@ -25,8 +25,9 @@ from decode.errors import check_out_dir, run_cli
 from drafters.serving.checkpoint import drafter_kinds, save_drafter
 from train.config import load_recipe, to_dict, with_feature_ids
 from train.data.fetch import prepare
+from train.data.pipeline import Dist, prepare_data
 from train.dataset import training_data
-from train.features import Dist, build_cache, load_target, prepare_data, resolve_precision
+from train.features import build_cache, load_target, resolve_precision
 from train.loop import train
 
 
@@ -84,7 +85,7 @@ def run(recipe) -> int:
     if not recipe.drafter.kind:
         raise ValueError("drafter.kind is not set: choose eagle3 | eagle1 | medusa | layerskip (e.g. drafter.kind=eagle3)")
     check_out_dir(recipe.run_dir, "run_dir")  # before the target loads: an unwritable run_dir fails at once
-    # 1. processes first. Plain CPU ranks (DDP, and FSDP: see train/loop.py fsdp_on_cpu) need cpu=True
+    # 1. processes first. Plain CPU ranks (DDP, and FSDP: see train/distributed.py fsdp_on_cpu) need cpu=True
     # (accelerate 1.15 forms no CPU ranks without it); DeepSpeed (also on CPU with DS_ACCELERATOR=cpu) must
     # not get it: cpu=True would turn it into MULTI_CPU.
     deepspeed = os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"

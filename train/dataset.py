@@ -29,7 +29,8 @@ from decode.target import Target
 from train.batch import collate
 from train.cache import FeatureCache
 from train.config import Recipe
-from train.features import Dist, OnlineFeatures, PreparedData, feature_cache_dir, fingerprint, prepare_data
+from train.data.pipeline import Dist, PreparedData, prepare_data
+from train.features import OnlineFeatures, feature_cache_dir, fingerprint
 
 
 class TokenDataset(Dataset):

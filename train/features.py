@@ -4,7 +4,8 @@
 (`python -m train RECIPE.yaml` runs the same `build_cache` itself before training). Also under
 `accelerate launch`: each process takes every world_size-th shard; rank 0 merges the index. The cache
 lives in features.cache_dir, default DATA_HOME/features/<target>-<fingerprint digest> (train/data/identity.py):
-  1. load the target; 2. prepare the data (sources -> regeneration -> tokens + loss masks -> split);
+  1. load the target; 2. prepare the data (train/data/pipeline.py: sources -> regeneration -> tokens +
+     loss masks -> split);
   3. fingerprint (target config + weights + tokenizer, hidden ids, dtype, top-k, max length, the token
      data itself); an existing cache must match it — a mismatch is an error, never a silent reuse;
   4. run the target over this rank's missing shards (finished shards are skipped) and write them;
@@ -43,7 +44,6 @@ import os
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,9 +53,9 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
+from decode.loading import local_config
 from decode.passes import forward_batch
 from decode.precision import bf16_reason, resolve_dtype
-from decode.loading import local_config
 from decode.target import Target
 from train.batch import collate
 from train.cache import CacheError, FeatureCache, check_existing, shard_name, write_index, write_shard
@@ -63,28 +63,8 @@ from train.config import FeaturesConfig, Recipe, dump_config, load_recipe, with_
 from train.data.fetch import prepare
 from train.data.home import use
 from train.data.identity import digest, keyed_dir, target_identity
-from train.data.regen import drop_strays, regenerate, write_text_atomically
-from train.data.sources import load_records
-from train.data.tokens import TokenStats, end_token_ids, split_held_out, tokenize_dataset
-
-
-@dataclass
-class Dist:
-    """This process's place in a (possibly single-process) run."""
-
-    rank: int = 0
-    world: int = 1
-    barrier: Callable[[], None] = lambda: None
-
-
-@dataclass
-class PreparedData:
-    """Token sequences ({input_ids, loss_mask} rows) split into train and eval, with the counts."""
-
-    train: datasets.Dataset
-    eval: datasets.Dataset
-    stats: TokenStats
-
+from train.data.pipeline import Dist, PreparedData, prepare_data
+from train.data.regen import drop_strays, write_text_atomically
 
 # --- the one feature function -------------------------------------------------------------------
 
@@ -133,7 +113,7 @@ class OnlineFeatures:
         return {**batch, **feats}
 
 
-# --- data preparation and fingerprint -----------------------------------------------------------
+# --- precision and fingerprint -----------------------------------------------------------------
 
 
 def load_target(recipe: Recipe, device: str | torch.device = "cpu") -> Target:
@@ -162,44 +142,6 @@ def resolve_precision(recipe: Recipe, device: str | torch.device = "cpu") -> tup
     recipe = dataclasses.replace(recipe, features=dataclasses.replace(recipe.features, target_dtype=dtype),
                                  train=dataclasses.replace(recipe.train, mixed_precision=mp))
     return recipe, line
-
-
-def prepare_data(recipe: Recipe, target: Target, dist: Dist | None = None,
-                 log: Callable[[str], None] = print) -> PreparedData:
-    """Sources -> (regeneration) -> tokens + loss masks -> seeded train/eval split (same on every rank)."""
-    dist = dist or Dist()
-    cfg = recipe.data
-    tok = target.tokenizer
-    if tok is None:
-        raise ValueError(f"{recipe.target}: no tokenizer found next to the model; the data pipeline needs one")
-    if not cfg.sources and not cfg.regenerate.enabled:
-        raise ValueError("data.source is empty: give a data file/directory/hub name, or set "
-                         "data.regenerate.enabled=true with data.regenerate.num_samples to sample from the start token")
-    records = _rank0_first(dist, lambda: load_records(cfg))
-    if cfg.regenerate.enabled:
-        out = regenerate(target, records if cfg.sources else None, cfg.regenerate, recipe.seed, cfg.chat_template,
-                         cfg.enable_thinking, dist.rank, dist.world, dist.barrier)
-        regen_cfg = dataclasses.replace(cfg, source=str(out), format="auto", max_records=0, split="train")
-        records = _rank0_first(dist, lambda: load_records(regen_cfg))
-    end_ids = end_token_ids(tok, set(target.eos_ids) | set(cfg.regenerate.stop_ids))
-    seqs, stats = tokenize_dataset(records, tok, cfg.max_length, cfg.overflow, end_ids, cfg.chat_template,
-                                   cfg.enable_thinking)
-    train, held = split_held_out(seqs, cfg.held_out, recipe.seed)
-    if dist.rank == 0:
-        for note in stats.notes:
-            log(f"[data] note: {note}")
-        log(f"[data] {stats.summary()}; split {len(train)} train / {len(held)} eval")
-    return PreparedData(train, held, stats)
-
-
-def _rank0_first(dist: Dist, fn: Callable[[], Any]) -> Any:
-    """Rank 0 builds the `datasets` cache files first, the others then read them (no concurrent writes)."""
-    if dist.rank == 0:
-        out = fn()
-        dist.barrier()
-        return out
-    dist.barrier()
-    return fn()
 
 
 def data_digest(*parts: datasets.Dataset) -> str:

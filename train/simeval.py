@@ -1,6 +1,6 @@
 """Decoding-faithful simulated τ: the training eval runs the real decoder on held-out prompts.
 
-The teacher-forced estimate (train/loop.py `simulated_tau`: 1 + sum_k prod_j acc_j over per-position
+The teacher-forced estimate (train/evaluation.py `simulated_tau`: 1 + sum_k prod_j acc_j over per-position
 accuracies on the training data) scores the drafter on temperature-1 sequences, while decoding
 emits the target's greedy continuation of a prompt, so it overestimated the decoded τ (issue 14).
 This eval measures what `decode.evaluate` measures, with the same code:

@@ -15,8 +15,9 @@ from safetensors.torch import load_file
 import train.features as features
 from train.cache import CacheError, FeatureCache, bytes_per_token
 from train.config import load_recipe
+from train.data.pipeline import prepare_data
 from train.dataset import CachedFeatures, Packed, make_loader, training_data
-from train.features import extract, prepare_data
+from train.features import extract
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = f"""

@@ -16,7 +16,8 @@ from safetensors.torch import load_file
 
 from train.checkpoints import checkpoints
 from train.config import load_recipe
-from train.loop import NonFiniteLoss, lr_factor, simulated_tau
+from train.evaluation import simulated_tau
+from train.loop import NonFiniteLoss, lr_factor
 
 REPO = Path(__file__).resolve().parents[2]
 KINDS = ["eagle3", "eagle1", "medusa", "layerskip"]
@@ -280,7 +281,8 @@ def test_bf16_autocast_keeps_fp32_weights_and_optimizer_state(tmp_path, first):
     """train.mixed_precision=bf16: the drafter's forward runs in bf16 under autocast while its weights,
     gradients and AdamW state stay fp32 (the master copy); a run of another precision in the same process
     before it (`first`) does not block it."""
-    from train.loop import TrainConfig, make_accelerator
+    from train.distributed import make_accelerator
+    from train.loop import TrainConfig
 
     make_accelerator(TrainConfig(mixed_precision=first, report_to="none"), tmp_path)
     acc = make_accelerator(TrainConfig(mixed_precision="bf16", report_to="none"), tmp_path)

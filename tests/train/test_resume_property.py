@@ -187,7 +187,7 @@ def test_two_sharded_ranks_killed_resume_bit_for_bit(home, tmp_path, kind, backe
 def test_evaluation_leaves_the_training_rng_streams_alone():
     import numpy as np
 
-    from train.loop import rng_untouched
+    from train.evaluation import rng_untouched
 
     torch.manual_seed(3), random.seed(3), np.random.seed(3)
     want = torch.rand(2), random.random(), np.random.rand()

@@ -214,7 +214,8 @@ def test_load_weights_into_the_live_module_resumes(tmp_path, kind):
 def test_training_checkpoint_resumes_without_unpickling_objects(tmp_path, monkeypatch):
     """The loop's checkpoints/step_N (accelerate save_state): weights as safetensors, the rest (optimizer,
     scheduler, RNG) loaded back only with torch.load(weights_only=True), which rebuilds no arbitrary object."""
-    from train.loop import LossModule, TrainConfig, make_accelerator
+    from train.distributed import make_accelerator
+    from train.loop import LossModule, TrainConfig
 
     target = tiny_target("qwen3")
     m = build("medusa", target)

@@ -11,7 +11,8 @@ import torch
 
 import train.data.regen as regen
 from decode.target import Target
-from train.data.regen import regenerate, sample
+from train.data.regen import regenerate
+from train.data.regen_engines import sample
 from train.data.sources import DataConfig, RegenConfig, load_records
 from train.data.tokens import end_token_ids, tokenize_dataset
 

@@ -14,7 +14,8 @@ import pytest
 import train.data.regen as regen
 from decode.target import Target
 from drafters.serving.vllm_env import BUILD_COMMAND
-from train.data.regen import length_batches, regenerate, round_seed
+from train.data.regen import regenerate
+from train.data.regen_engines import length_batches, round_seed
 from train.data.sources import DataConfig, RegenConfig, load_records
 
 REPO = Path(__file__).resolve().parents[3]
