@@ -47,7 +47,7 @@ class Target:
         self.max_positions = int(getattr(self.config, "max_position_embeddings", 1 << 30))
         eos = getattr(model.generation_config, "eos_token_id", None) or self.config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
-        self.placement = None  # a decode.offload.Placement when loaded with streamed (offloaded) layers
+        self.placement = None  # a decode.placement.Placement when loaded with streamed (offloaded) layers
 
     @classmethod
     def load(cls, name_or_path: str | os.PathLike, dtype: str = "float32", attn: str = "sdpa",

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import torch
 
-from decode.harness.evaluate import EvalConfig, evaluate, prepare
+from decode.harness.evaluate import evaluate, prepare
 from decode.harness.prompts import load_prompts
+from decode.harness.runs import EvalConfig
 from decode.target import Target
 
 REPO = Path(__file__).resolve().parents[1]

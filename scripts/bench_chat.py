@@ -29,9 +29,10 @@ import torch
 
 from decode.errors import missing_target
 from decode.harness.divergence import print_divergences
-from decode.harness.evaluate import EvalConfig, evaluate, make_run
+from decode.harness.evaluate import evaluate, make_run
 from decode.harness.prompts import Conversation, first_per_category, load_prompts
 from decode.harness.report import write_report
+from decode.harness.runs import EvalConfig
 from decode.target import Target
 
 REPO = Path(__file__).resolve().parents[1]

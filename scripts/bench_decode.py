@@ -28,8 +28,9 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from decode.generate import encode_prompt  # noqa: E402
-from decode.harness.evaluate import EvalConfig, make_run  # noqa: E402
+from decode.harness.evaluate import make_run  # noqa: E402
 from decode.harness.prompts import load_prompts, render_turn  # noqa: E402
+from decode.harness.runs import EvalConfig  # noqa: E402
 from decode.metrics import GenStats  # noqa: E402
 from decode.target import Target  # noqa: E402
 

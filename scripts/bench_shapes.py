@@ -21,9 +21,10 @@ from pathlib import Path
 import torch
 
 from decode.errors import missing_target
-from decode.harness.evaluate import EvalConfig, interleaved, make_run
+from decode.harness.evaluate import interleaved, make_run
 from decode.harness.prompts import Conversation, first_per_category, load_prompts
 from decode.harness.report import total_stats
+from decode.harness.runs import EvalConfig
 from decode.target import Target
 
 REPO = Path(__file__).resolve().parents[1]

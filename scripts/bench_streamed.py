@@ -34,7 +34,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from decode.costmodel import measure_pass_cost, save_curve  # noqa: E402
 from decode.generate import encode_prompt, generate  # noqa: E402
 from decode.metrics import GenStats  # noqa: E402
-from decode.offload import OffloadConfig, drop_page_cache, load_target, streamed_files  # noqa: E402
+from decode.offload import drop_page_cache, load_target, streamed_files  # noqa: E402
+from decode.placement import OffloadConfig  # noqa: E402
 from decode.target import Target  # noqa: E402
 from decode.tree import parse_shape  # noqa: E402
 from drafters.registry import make_drafter, resident_layers  # noqa: E402

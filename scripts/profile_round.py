@@ -30,8 +30,9 @@ from torch.profiler import ProfilerActivity, profile
 from decode.costmodel import format_curve, measure_pass_cost
 from decode.errors import missing_target
 from decode.generate import encode_prompt
-from decode.harness.evaluate import EvalConfig, make_run
+from decode.harness.evaluate import make_run
 from decode.harness.prompts import load_prompts, render_turn
+from decode.harness.runs import EvalConfig
 from decode.metrics import GenStats
 from decode.passes import forward_tree
 from decode.target import Target

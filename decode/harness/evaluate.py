@@ -8,8 +8,9 @@
 2. decode every prompt with `ar` (the reference for `matches_ar` and `speedup_vs_ar`) and with each
    drafter SPEC: our drafters through `decode.generate.generate`, HF peers (`hf-...`,
    decode.harness.hf_peers) through HF `generate()`; multi-turn prompts turn by turn, each run feeding its
-   own answers forward. Timing is interleaved (`interleaved`): conversation by conversation every
-   row decodes it back to back, so a change in a shared machine's load cannot pass for a speedup;
+   own answers forward (decode.harness.runs: the rows and how one decodes). Timing is interleaved
+   (`interleaved`): conversation by conversation every row decodes it back to back, so a change in a
+   shared machine's load cannot pass for a speedup;
 3. write report.json, report.md and PNG plots to --out (decode.harness.report).
 """
 
@@ -17,21 +18,22 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from itertools import accumulate
-from typing import Protocol
+from typing import TextIO
 
 import torch
 from torch import Tensor
 from tqdm import tqdm
 
 from decode.generate import Generation, add_decode_args, encode_prompt, generate
-from decode.harness.autoshape import AUTO, AutoChoice, pass_cost_curve, resolve, shape_spec
+from decode.harness.autoshape import AUTO, AutoChoice, pass_cost_curve, resolve
 from decode.harness.divergence import divergences, print_divergences, print_table
 from decode.harness.hf_peers import HF_FORMS, is_hf_spec, make_hf_peer
 from decode.harness.labels import checkpoint_kind
-from decode.harness.prompts import Conversation, answer_text, load_prompts, render_turn
+from decode.harness.prompts import Conversation, load_prompts, render_turn
 from decode.harness.report import SpecRun, TurnResult, build_report, total_stats, write_report
+from decode.harness.runs import EvalConfig, Runner, decode_conversation, shape_text, warm_up
 from decode.harness.workers import decode_in_workers
 from decode.metrics import GenStats
 from decode.policies import make_policy
@@ -41,28 +43,6 @@ from decode.target import Target
 from decode.tree import Shape, parse_shape
 
 DEFAULT_PASS_COSTS = [20.0, 0.025]  # a 14B target streamed from disk; the same on a GPU
-
-
-@dataclass(frozen=True)
-class EvalConfig:
-    """Settings every run in one evaluation shares."""
-
-    max_new_tokens: int = 128
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    tree: str = "chain"  # chain | static:FILE | dynamic:topk=..,depth=..,nodes=.. | auto
-    draft_len: int = 8
-    policy: str = "fixed"
-    seed: int = 0  # turn i is decoded with seed + i in every run
-    warmup: bool = True  # one short untimed generation per run first (lazy init, allocator warm-up)
-
-
-class Runner(Protocol):
-    """Decodes one prompt: our decoder with a drafter (DecoderRun) or an HF peer (decode.harness.hf_peers.HFPeer)."""
-
-    name: str
-    kind: str
-
-    def run(self, prompt_ids: Tensor, max_new_tokens: int, sampling: SamplingConfig, seed: int) -> Generation: ...
 
 
 class DecoderRun:
@@ -93,16 +73,24 @@ class DecoderRun:
         def decode(drafter: Drafter, ids: Tensor, n: int, shape: Shape) -> GenStats:
             return generate(self.target, drafter, ids, n, SamplingConfig(), shape).stats
 
-        self.auto = resolve(decode, self.target, self.drafter, self.base_spec, prompts, curve, run_dir,
-                            min(64, self.cfg.max_new_tokens), fallback=parse_shape("chain", self.cfg.draft_len))
+        self.auto = resolve(
+            decode,
+            self.target,
+            self.drafter,
+            self.base_spec,
+            prompts,
+            curve,
+            run_dir,
+            min(64, self.cfg.max_new_tokens),
+            fallback=parse_shape("chain", self.cfg.draft_len),
+        )
         self.shape = self.auto.shape
         return self.auto
 
     def run(self, prompt_ids: Tensor, max_new_tokens: int, sampling: SamplingConfig, seed: int) -> Generation:
         if self.shape is None:
             raise RuntimeError(f"{self.name}: --tree auto needs choose_shape() before decoding")
-        return generate(self.target, self.drafter, prompt_ids, max_new_tokens, sampling, self.shape, self.policy,
-                        seed)
+        return generate(self.target, self.drafter, prompt_ids, max_new_tokens, sampling, self.shape, self.policy, seed)
 
 
 def make_run(spec: str, target: Target, cfg: EvalConfig) -> Runner:
@@ -117,39 +105,6 @@ def make_run(spec: str, target: Target, cfg: EvalConfig) -> Runner:
         raise
 
 
-def warm_up(runners: list[Runner], target: Target, conv: Conversation, cfg: EvalConfig) -> None:
-    """One short untimed generation per runner on the conversation's first turn (lazy init, allocator)."""
-    text, special = render_turn(target.tokenizer, conv.turns, [])
-    ids = encode_prompt(target, text, special)
-    for r in runners:
-        r.run(ids, min(8, cfg.max_new_tokens), cfg.sampling, cfg.seed)
-
-
-def run_spec(runner: Runner, target: Target, convs: list[Conversation], cfg: EvalConfig, spec: str = "",
-             progress: bool = True, first_turn: int = 0) -> SpecRun:
-    """Decode every turn of every conversation with one runner (a DecoderRun or an HFPeer).
-
-    Turn i overall (counting from `first_turn`) is decoded with seed cfg.seed + i.
-    """
-    tok = target.tokenizer
-    if cfg.warmup and convs:
-        warm_up([runner], target, convs[0], cfg)
-    turns: list[TurnResult] = []
-    bar = tqdm(total=sum(len(c.turns) for c in convs), desc=runner.name, unit="turn", disable=not progress,
-               file=sys.stderr, dynamic_ncols=True)
-    for conv in convs:
-        answers: list[str] = []
-        for k in range(len(conv.turns)):
-            text, special = render_turn(tok, conv.turns, answers)
-            ids = encode_prompt(target, text, special)
-            gen = runner.run(ids, cfg.max_new_tokens, cfg.sampling, cfg.seed + first_turn + len(turns))
-            turns.append(TurnResult(conv.id, conv.category, k, ids.numel(), gen.tokens, gen.stats))
-            answers.append(answer_text(tok, gen.tokens))
-            bar.update(1)
-    bar.close()
-    return SpecRun(runner.name, spec or runner.name, runner.kind, turns)
-
-
 def prepare(target: Target, specs: list[str], cfg: EvalConfig) -> list[tuple[str, Runner]]:
     """(spec, runner) for `ar` then each SPEC (duplicates and an explicit `ar` dropped).
 
@@ -159,16 +114,14 @@ def prepare(target: Target, specs: list[str], cfg: EvalConfig) -> list[tuple[str
     return [(spec, make_run(spec, target, cfg)) for spec in ordered]
 
 
-def decode_conversation(target: Target, runners: list[tuple[str, Runner]], conv: Conversation, cfg: EvalConfig,
-                        c: int, first: int) -> dict[str, list[TurnResult]]:
-    """Conversation number c (its first turn is turn `first` overall: the seeds) decoded by every runner back
-    to back, the order rotated by c so no runner always runs first or last."""
-    k = c % len(runners)
-    return {spec: run_spec(r, target, [conv], cfg, spec, False, first).turns for spec, r in runners[k:] + runners[:k]}
-
-
-def interleaved(target: Target, runners: list[tuple[str, Runner]], convs: list[Conversation], cfg: EvalConfig,
-                progress: bool = True, workers: int = 1) -> tuple[list[SpecRun], dict[str, list[float]]]:
+def interleaved(
+    target: Target,
+    runners: list[tuple[str, Runner]],
+    convs: list[Conversation],
+    cfg: EvalConfig,
+    progress: bool = True,
+    workers: int = 1,
+) -> tuple[list[SpecRun], dict[str, list[float]]]:
     """Every runner on every conversation, conversation by conversation (rotated order); runners[0] is AR.
 
     1. one untimed warm-up per runner (`warm_up`) unless cfg.warmup is off;
@@ -179,17 +132,24 @@ def interleaved(target: Target, runners: list[tuple[str, Runner]], convs: list[C
     (decode.harness.workers), the same rows, order and seeds in each; the turns come back in conversation order.
     Returns the runs (turns in conversation order, as `build_report` expects) and those ratios.
     """
-    firsts = list(accumulate((len(c.turns) for c in convs), initial=0))  # global turn index of each first turn: the seeds
+    # the global turn index of each conversation's first turn: the seeds
+    firsts = list(accumulate((len(c.turns) for c in convs), initial=0))
     if workers > 1:
-        done_all = decode_in_workers(target, runners, convs, firsts, cfg, workers, progress,
-                                     (make_run, warm_up, decode_conversation))
+        done_all = decode_in_workers(
+            target, runners, convs, firsts, cfg, workers, progress, (make_run, warm_up, decode_conversation)
+        )
     else:
         if cfg.warmup and convs:
             warm_up([r for _, r in runners], target, convs[0], cfg)
         cold = replace(cfg, warmup=False)
-        done_all = [decode_conversation(target, runners, conv, cold, c, firsts[c])
-                    for c, conv in enumerate(tqdm(convs, desc="conversations", unit="conv", disable=not progress,
-                                                  file=sys.stderr, dynamic_ncols=True))]
+        done_all = [
+            decode_conversation(target, runners, conv, cold, c, firsts[c])
+            for c, conv in enumerate(
+                tqdm(
+                    convs, desc="conversations", unit="conv", disable=not progress, file=sys.stderr, dynamic_ncols=True
+                )
+            )
+        ]
     turns: dict[str, list[TurnResult]] = {spec: [] for spec, _ in runners}
     ratios: dict[str, list[float]] = {spec: [] for spec, _ in runners}
     ar_spec = runners[0][0]
@@ -202,8 +162,14 @@ def interleaved(target: Target, runners: list[tuple[str, Runner]], convs: list[C
     return runs, ratios
 
 
-def choose_auto_shapes(target: Target, runners: list[tuple[str, Runner]], convs: list[Conversation],
-                       run_dir: str | None, calibration_prompts: int = 8, file=sys.stderr) -> None:
+def choose_auto_shapes(
+    target: Target,
+    runners: list[tuple[str, Runner]],
+    convs: list[Conversation],
+    run_dir: str | None,
+    calibration_prompts: int = 8,
+    file: TextIO = sys.stderr,
+) -> None:
     """--tree auto rows: calibrate on the first turns of a few conversations spread evenly over the list (one
     per category where the list runs category by category, as MT-bench and Spec-Bench do: the first few alone
     would all be writing prompts), measure the pass-cost curve once, fix each row's shape, and print the
@@ -219,17 +185,17 @@ def choose_auto_shapes(target: Target, runners: list[tuple[str, Runner]], convs:
         print(f"auto: {r.name} -> {r.choose_shape(prompts, curve, run_dir).describe()}", file=file)
 
 
-def shape_text(runner: Runner) -> str | None:
-    """The shape a row drafted with, as text (None: an HF peer, or plain decoding)."""
-    shape = getattr(runner, "shape", None)
-    if shape is None or getattr(runner, "base_spec", "") == "ar":
-        return None
-    return shape_spec(shape) if shape.kind != "static" else f"static nodes={len(shape.choices)}"
-
-
-def evaluate(target: Target, runners: list[tuple[str, Runner]], convs: list[Conversation], cfg: EvalConfig,
-             pass_costs: list[float] = DEFAULT_PASS_COSTS, meta: dict | None = None, progress: bool = True,
-             run_dir: str | None = None, workers: int = 1) -> dict:
+def evaluate(
+    target: Target,
+    runners: list[tuple[str, Runner]],
+    convs: list[Conversation],
+    cfg: EvalConfig,
+    pass_costs: list[float] = DEFAULT_PASS_COSTS,
+    meta: dict | None = None,
+    progress: bool = True,
+    run_dir: str | None = None,
+    workers: int = 1,
+) -> dict:
     """Run every (spec, runner) from `prepare` on the same prompts, interleaved -> the report.json dict.
 
     runners[0] is AR. Each drafter entry gets `speedup_vs_ar_per_conversation` (the spread), its `shape`,
@@ -239,10 +205,20 @@ def evaluate(target: Target, runners: list[tuple[str, Runner]], convs: list[Conv
     """
     choose_auto_shapes(target, runners, convs, run_dir)
     runs, ratios = interleaved(target, runners, convs, cfg, progress, workers)
-    settings = {**(meta or {}), "workers": workers, "turns": sum(len(c.turns) for c in convs), "conversations": len(convs),
-                "max_new_tokens": cfg.max_new_tokens, **asdict(cfg.sampling), "tree": cfg.tree,
-                "draft_len": cfg.draft_len, "policy": cfg.policy, "seed": cfg.seed,
-                "torch_threads": 1 if workers > 1 else torch.get_num_threads(), "timing": "interleaved by conversation"}
+    settings = {
+        **(meta or {}),
+        "workers": workers,
+        "turns": sum(len(c.turns) for c in convs),
+        "conversations": len(convs),
+        "max_new_tokens": cfg.max_new_tokens,
+        **asdict(cfg.sampling),
+        "tree": cfg.tree,
+        "draft_len": cfg.draft_len,
+        "policy": cfg.policy,
+        "seed": cfg.seed,
+        "torch_threads": 1 if workers > 1 else torch.get_num_threads(),
+        "timing": "interleaved by conversation",
+    }
     report = build_report(runs, settings, list(pass_costs))
     div = divergences(target, runs, convs) if cfg.sampling.greedy else {}
     by_spec = dict(runners)
@@ -252,8 +228,11 @@ def evaluate(target: Target, runners: list[tuple[str, Runner]], convs: list[Conv
         d["drafter_kind"] = checkpoint_kind(d["spec"])
         auto = getattr(by_spec[d["spec"]], "auto", None)
         if auto is not None:
-            d["auto"] = {**auto.summary(), "measured_tau": d["mean_accepted_tokens"],
-                         "measured_speedup_vs_ar": d["speedup_vs_ar"]}
+            d["auto"] = {
+                **auto.summary(),
+                "measured_tau": d["mean_accepted_tokens"],
+                "measured_speedup_vs_ar": d["speedup_vs_ar"],
+            }
         if d["spec"] in div:
             d["divergences"] = div[d["spec"]]  # greedy: first mismatch per conversation + AR's top-2 margin
     return report
@@ -262,18 +241,36 @@ def evaluate(target: Target, runners: list[tuple[str, Runner]], convs: list[Conv
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m decode.evaluate", description=__doc__.splitlines()[0])
     add_decode_args(ap)
-    ap.add_argument("--drafter", action="append", required=True, metavar="SPEC",
-                    help="drafter SPEC (repeatable), SPEC@TREE to give it its own --tree; also HF peers: "
-                    + ", ".join(HF_FORMS))
+    ap.add_argument(
+        "--drafter",
+        action="append",
+        required=True,
+        metavar="SPEC",
+        help="drafter SPEC (repeatable), SPEC@TREE to give it its own --tree; also HF peers: " + ", ".join(HF_FORMS),
+    )
     ap.add_argument("--prompts", required=True, help="Spec-Bench/MT-bench jsonl, {'prompt': ...} jsonl, or text")
     ap.add_argument("--limit", type=int, default=None, help="only the first N prompts (conversations)")
-    ap.add_argument("--target-pass-s", type=float, nargs="+", default=DEFAULT_PASS_COSTS, metavar="S",
-                    help="target-pass costs (seconds) for the cost model")
+    ap.add_argument(
+        "--target-pass-s",
+        type=float,
+        nargs="+",
+        default=DEFAULT_PASS_COSTS,
+        metavar="S",
+        help="target-pass costs (seconds) for the cost model",
+    )
     ap.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up generation per drafter")
-    ap.add_argument("--threads", type=int, default=None,
-                    help="torch CPU threads (default: torch's choice; 1 is fastest for tiny targets on a busy machine)")
-    ap.add_argument("--workers", type=int, default=1,
-                    help="deal the prompts to N processes of 1 torch thread each (decode.harness.workers; N <= cores)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch CPU threads (default: torch's choice; 1 is fastest for tiny targets on a busy machine)",
+    )
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="deal the prompts to N processes of 1 torch thread each (decode.harness.workers; N <= cores)",
+    )
     ap.add_argument("--out", required=True, help="directory for report.json, report.md and plots")
     args = ap.parse_args(argv)
     if args.limit is not None and args.limit < 1:
@@ -293,8 +290,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_decode_args(args)
         check_out_dir(args.out)  # an unwritable --out fails now, not after the whole evaluation
-        cfg = EvalConfig(args.max_new_tokens, SamplingConfig(args.temperature, args.top_k, args.top_p), args.tree,
-                         args.draft_len, args.policy, args.seed, not args.no_warmup)
+        cfg = EvalConfig(
+            args.max_new_tokens,
+            SamplingConfig(args.temperature, args.top_k, args.top_p),
+            args.tree,
+            args.draft_len,
+            args.policy,
+            args.seed,
+            not args.no_warmup,
+        )
         if cfg.tree != AUTO:
             parse_shape(cfg.tree, cfg.draft_len)  # fail on a bad --tree before loading anything
         make_policy(cfg.policy)
@@ -307,10 +311,13 @@ def main(argv: list[str] | None = None) -> int:
         target = load_target_from_args(args, resident_layers([d for d in base_specs if not is_hf_spec(d)]))
         print(dtype_line(args.dtype, target), file=sys.stderr)
         runners = prepare(target, args.drafter, cfg)
-        meta = {"target": args.target, "prompts": args.prompts, "dtype": str(target.dtype).removeprefix("torch."),
-                "attn": args.attn}
-        report = evaluate(target, runners, convs, cfg, args.target_pass_s, meta, run_dir=args.out,
-                          workers=args.workers)
+        meta = {
+            "target": args.target,
+            "prompts": args.prompts,
+            "dtype": str(target.dtype).removeprefix("torch."),
+            "attn": args.attn,
+        }
+        report = evaluate(target, runners, convs, cfg, args.target_pass_s, meta, run_dir=args.out, workers=args.workers)
         with writing(args.out):
             paths = write_report(report, args.out)
     except USER_ERRORS as e:  # bad input: say what to fix, no traceback

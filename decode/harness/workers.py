@@ -46,11 +46,11 @@ class Shard:
     specs: tuple[str, ...]  # the rows, runners[0] (AR) first, in the parent's order
     shapes: tuple[tuple[str, Shape], ...]  # every decoder row's shape in the parent (auto rows: the one it chose)
     convs: tuple[tuple[int, int, Conversation], ...]  # (c, first global turn index, conversation)
-    cfg: object  # decode.harness.evaluate.EvalConfig
+    cfg: object  # decode.harness.runs.EvalConfig
     position: int  # its progress bar's line
     progress: bool  # show it
-    # decode.harness.evaluate's make_run, warm_up and decode_conversation (passed in, pickled by name: decode.evaluate
-    # imports this module, so this module does not import it back)
+    # make_run (decode.harness.evaluate), warm_up and decode_conversation (decode.harness.runs), passed in and
+    # pickled by name: decode.harness.evaluate imports this module, so this module does not import it back
     make_run: Callable
     warm_up: Callable
     decode_conversation: Callable
@@ -92,7 +92,7 @@ def decode_in_workers(target: Target, runners: list, convs: list[Conversation], 
                       workers: int, progress: bool, fns: tuple[Callable, Callable, Callable]
                       ) -> list[dict[str, list[TurnResult]]]:
     """Per conversation (in order), every row's turns, decoded by `workers` 1-thread processes.
-    fns: (make_run, warm_up, decode_conversation) of decode.harness.evaluate."""
+    fns: make_run (decode.harness.evaluate), warm_up and decode_conversation (decode.harness.runs)."""
     name = getattr(target, "name_or_path", None)
     if not name:
         raise ValueError("workers > 1 needs a target loaded from a path (Target.load), to load it again in each worker")

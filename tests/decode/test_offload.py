@@ -11,8 +11,9 @@ from accelerate.utils.offload import PrefixedDataset
 
 from decode.costmodel import cost_at, load_curve, measure_pass_cost, save_curve
 from decode.generate import encode_prompt, generate, main
-from decode.offload import OffloadConfig, OffloadError, empty_model, load_target, parse_size, plan_placement
+from decode.offload import load_target
 from decode.passes import forward_tree
+from decode.placement import OffloadConfig, OffloadError, empty_model, parse_size, plan_placement
 from decode.target import Target
 from decode.tree import parse_shape
 from drafters.registry import make_drafter, resident_layers

@@ -33,8 +33,9 @@ def test_prefix_prompt_rules():
 @pytest.mark.parametrize("kind", ["eagle3", "medusa", "layerskip"])
 def test_simulated_tau_equals_decoded_tau(tmp_path, stories, kind):
     """Same prompts, same drafter: the training eval's τ is decode.harness.evaluate's τ, exactly, chain and tree."""
-    from decode.harness.evaluate import EvalConfig, evaluate, prepare
+    from decode.harness.evaluate import evaluate, prepare
     from decode.harness.prompts import load_prompts
+    from decode.harness.runs import EvalConfig
     from drafters.serving.checkpoint import new_drafter, save_drafter
 
     (tmp_path / "p.txt").write_text("\n".join(PROMPTS) + "\n")

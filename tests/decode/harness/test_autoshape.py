@@ -30,8 +30,9 @@ from decode.harness.calibration import (
     store,
     verify_extra,
 )
-from decode.harness.evaluate import EvalConfig, evaluate, prepare
+from decode.harness.evaluate import evaluate, prepare
 from decode.harness.prompts import Conversation
+from decode.harness.runs import EvalConfig
 from decode.metrics import GenStats
 from decode.sampling import SamplingConfig
 from decode.target import Target

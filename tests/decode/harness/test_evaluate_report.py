@@ -12,10 +12,12 @@ import math
 import pytest
 import torch
 
-from decode.harness.evaluate import EvalConfig, evaluate, main, prepare
+from decode.harness.evaluate import evaluate, main, prepare
 from decode.harness.labels import label_of
+from decode.harness.plots import PLOTS
 from decode.harness.prompts import load_prompts
-from decode.harness.report import PLOTS, cost_model
+from decode.harness.report import cost_model
+from decode.harness.runs import EvalConfig
 from decode.sampling import SamplingConfig
 from tests.conftest import STORIES
 from tests.decode.harness.eval_prompts import prompt_file

@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from decode.generate import Generation
-from decode.harness.evaluate import EvalConfig, evaluate, make_run, prepare, run_spec
+from decode.harness.evaluate import evaluate, make_run, prepare
 from decode.harness.prompts import load_prompts
+from decode.harness.runs import EvalConfig, run_spec
 from decode.metrics import GenStats
 from decode.sampling import SamplingConfig
 from decode.tree import parse_shape

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from decode.harness.evaluate import EvalConfig, main, make_run
+from decode.harness.evaluate import main, make_run
+from decode.harness.runs import EvalConfig
 from decode.sampling import SamplingConfig
 from tests.conftest import STORIES
 from tests.decode.harness.eval_prompts import prompt_file
