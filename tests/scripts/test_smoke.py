@@ -77,7 +77,7 @@ def two_questions(tmp: Path) -> Path:
 
 def tiny_run(tmp: Path) -> Path:
     """A 4-step EAGLE-3 run on the bundled story target, checkpoints at steps 2 and 4 kept."""
-    from tests.train.test_loop import recipe_overrides, run
+    from tests.train.loop_runs import recipe_overrides, run
 
     return run(tmp / "tiny", recipe_overrides(tmp / "regen", tmp / "tiny/run", "eagle3", steps=4, save_every=2,
                                               keep_checkpoints=5, sim_eval_prompts=0))

@@ -23,7 +23,7 @@ from drafters.trainable.medusa import Medusa, MedusaConfig
 from drafters.trainable.noise import add_noise
 from tests.conftest import REPO, tiny_target
 from tests.drafters.batches import make_batch, random_sequences, record_rounds
-from tests.train.test_loop import crash_at, recipe_overrides, regen, run, write_recipe  # noqa: F401 (regen: a fixture)
+from tests.train.loop_runs import crash_at, recipe_overrides, regen, run, write_recipe  # noqa: F401 (regen: a fixture)
 from train.checkpoints import checkpoints
 from train.config import ConfigError, TrainConfig, load_recipe
 from train.loop import lr_factor

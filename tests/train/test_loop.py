@@ -1,5 +1,7 @@
-"""The training loop: tiny recipes train, export and reload; resume is exact; bad runs stop cleanly;
-2 CPU ranks match 1 rank with gradient accumulation 2; DeepSpeed ZeRO-2 runs on CPU."""
+"""The training loop: tiny recipes train, export and reload; the lr schedule; bad recipes stop before any
+work; bf16 autocast keeps fp32 master weights; 2 CPU ranks match 1 rank with gradient accumulation 2;
+DeepSpeed ZeRO-2 runs on CPU; (slow) FSDP2 and ZeRO-3 shard, resume and export.
+Resume and checkpoints: test_loop_resume.py; evaluation-only runs and warm starts: test_loop_eval.py."""
 
 from __future__ import annotations
 
@@ -14,46 +16,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from train.checkpoints import checkpoints
-from train.config import load_recipe
+from tests.train import loop_runs
+from tests.train.loop_runs import REPO, recipe_overrides, run, write_recipe
 from train.evaluation import simulated_tau
-from train.loop import NonFiniteLoss, lr_factor
+from train.loop import lr_factor
 
-REPO = Path(__file__).resolve().parents[2]
 KINDS = ["eagle3", "eagle1", "medusa", "layerskip"]
-
-
-def recipe_overrides(regen: Path, run_dir: Path, kind: str, steps: int = 6, **train) -> list[str]:
-    """A tiny online recipe on the bundled target: 48 sampled stories of 24 tokens."""
-    out = [f"target={REPO / 'recipes/targets/stories260K'}", f"run_dir={run_dir}", f"drafter.kind={kind}",
-           "data.max_length=40", "data.held_out=0.1", "data.regenerate.enabled=true",
-           f"data.regenerate.out_dir={regen}", "data.regenerate.num_samples=48", "data.regenerate.max_new_tokens=24",
-           "data.regenerate.stop_ids=[1]", "features.mode=online", "drafter.eagle3.ttt_steps=2",
-           "drafter.eagle3.draft_vocab_size=128", f"train.steps={steps}", "train.batch_size=4", "train.lr=3e-3",
-           "train.warmup_steps=2", "train.eval_every=0", "train.eval_batches=2", "train.save_every=0",
-           "train.log_every=1", "train.report_to=none", "train.threads=1", "train.sim_eval_prompts=2",
-           "train.sim_prompt_len=8", "train.sim_max_new_tokens=16"]
-    return out + [f"train.{k}={v}" for k, v in train.items()]
-
-
-def write_recipe(tmp: Path) -> Path:
-    tmp.mkdir(parents=True, exist_ok=True)
-    p = tmp / "tiny.yaml"
-    p.write_text(f"target: {REPO / 'recipes/targets/stories260K'}\n")
-    return p
-
-
-@pytest.fixture(scope="module")
-def regen(tmp_path_factory):
-    """Regenerated stories shared by every run of this module (regeneration is resumable and cached)."""
-    return tmp_path_factory.mktemp("regen")
-
-
-def run(tmp: Path, overrides: list[str]) -> Path:
-    from train.__main__ import run as train_run
-
-    train_run(load_recipe(write_recipe(tmp), overrides))
-    return Path(load_recipe(write_recipe(tmp), overrides).run_dir)
+regen = loop_runs.regen  # the module-scoped fixture: regenerated stories shared by the runs of this file
 
 
 def test_schedule_and_simulated_tau():
@@ -94,59 +63,43 @@ def test_tiny_recipe_trains_exports_and_reloads(tmp_path, regen, kind):
     assert outs[0].stats.accepted_lengths == outs[1].stats.accepted_lengths
 
 
-def crash_at(monkeypatch, at: int) -> None:
-    """The loop raises KeyboardInterrupt when it reaches step `at` (a simulated crash after step at's checkpoint)."""
-    from train import loop
-
-    real = loop.LossModule.forward
-
-    def dies(self, batch, step):
-        if step == at:
-            raise KeyboardInterrupt("simulated crash")
-        return real(self, batch, step)
-
-    monkeypatch.setattr(loop.LossModule, "forward", dies)
-
-
-def test_resume_continues_exactly(tmp_path, regen, monkeypatch):
-    full = run(tmp_path / "a", recipe_overrides(regen, tmp_path / "a/run", "medusa", steps=6, save_every=2))
-    # the same run killed after step 4's checkpoint, then resumed
-    crash_at(monkeypatch, 4)
-    ov = recipe_overrides(regen, tmp_path / "b/run", "medusa", steps=6, save_every=2)
-    with pytest.raises(KeyboardInterrupt):
-        run(tmp_path / "b", ov)
-    assert [p.name for p in checkpoints(tmp_path / "b/run")] == ["step_2", "step_4"]
-    monkeypatch.undo()  # the crash hook off: resume
-    resumed = run(tmp_path / "b", ov)
-    a, b = load_file(str(full / "export/model.safetensors")), load_file(str(resumed / "export/model.safetensors"))
-    assert a.keys() == b.keys()
-    for k in a:
-        torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=1e-5)
-
-
-def test_non_finite_loss_stops_and_keeps_last_checkpoint(tmp_path, regen, monkeypatch):
-    from train import loop
-
-    real = loop.LossModule.forward
-
-    def nan_at_3(self, batch, step):
-        loss, m = real(self, batch, step)
-        return (loss * float("nan") if step == 3 else loss), m
-
-    monkeypatch.setattr(loop.LossModule, "forward", nan_at_3)
-    with pytest.raises(NonFiniteLoss, match="non-finite loss at step 3"):
-        run(tmp_path, recipe_overrides(regen, tmp_path / "run", "eagle1", steps=6, save_every=2))
-    assert [p.name for p in checkpoints(tmp_path / "run")] == ["step_2"]
-    assert not (tmp_path / "run/export").exists()
-
-
 def test_bad_recipes_fail_before_work(tmp_path, regen):
     with pytest.raises(ValueError, match="drafter.kind is not set"):
-        run(tmp_path, [o for o in recipe_overrides(regen, tmp_path / "r", "medusa") if not o.startswith("drafter.kind")])
+        run(
+            tmp_path, [o for o in recipe_overrides(regen, tmp_path / "r", "medusa") if not o.startswith("drafter.kind")]
+        )
     with pytest.raises(ValueError, match="out of range"):
         run(tmp_path, recipe_overrides(regen, tmp_path / "r", "layerskip") + ["drafter.layerskip.exits=[2, 7]"])
     with pytest.raises(FileNotFoundError):
         run(tmp_path, recipe_overrides(regen, tmp_path / "r", "medusa") + [f"target={tmp_path / 'nope'}"])
+
+
+@pytest.mark.parametrize("first", ["no", "bf16"])
+def test_bf16_autocast_keeps_fp32_weights_and_optimizer_state(tmp_path, first):
+    """train.mixed_precision=bf16: the drafter's forward runs in bf16 under autocast while its weights,
+    gradients and AdamW state stay fp32 (the master copy); a run of another precision in the same process
+    before it (`first`) does not block it."""
+    from train.distributed import make_accelerator
+    from train.loop import TrainConfig
+
+    make_accelerator(TrainConfig(mixed_precision=first, report_to="none"), tmp_path)
+    acc = make_accelerator(TrainConfig(mixed_precision="bf16", report_to="none"), tmp_path)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.SiLU(), torch.nn.Linear(16, 8))
+    seen = []
+    model[0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    model, opt = acc.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+    with acc.autocast():
+        out = model(torch.randn(4, 8))
+    assert seen == [torch.bfloat16]  # (accelerate hands the output back in fp32)
+    acc.backward(out.float().pow(2).mean())
+    opt.step()
+    params = list(acc.unwrap_model(model).parameters())
+    assert {p.dtype for p in params} == {p.grad.dtype for p in params} == {torch.float32}
+    state = [v for s in opt.state_dict()["state"].values() for v in s.values() if v.numel() > 1]
+    assert state and {v.dtype for v in state} == {torch.float32}
+
+
+# --- across processes: accelerate launch on CPU ranks ---------------------------------------------------
 
 
 def _free_port() -> int:
@@ -168,11 +121,28 @@ def _losses(run_dir: Path) -> list[float]:
 def test_two_cpu_ranks_match_one_rank_with_accumulation(tmp_path, regen):
     recipe = write_recipe(tmp_path)
     # regenerate once, single process, so both runs read the same stories
-    one = run(tmp_path / "one", recipe_overrides(regen, tmp_path / "one/run", "eagle1", steps=4, grad_accum=2,
-                                                 batch_size=2))
+    one = run(
+        tmp_path / "one", recipe_overrides(regen, tmp_path / "one/run", "eagle1", steps=4, grad_accum=2, batch_size=2)
+    )
     ov = recipe_overrides(regen, tmp_path / "two/run", "eagle1", steps=4, batch_size=2)
-    p = _launch(["--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
-                 "--dynamo_backend", "no", "-m", "train", str(recipe), *ov], {"ACCELERATE_USE_CPU": "true"})
+    p = _launch(
+        [
+            "--multi_gpu",
+            "--num_processes",
+            "2",
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            "-m",
+            "train",
+            str(recipe),
+            *ov,
+        ],
+        {"ACCELERATE_USE_CPU": "true"},
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     assert "2 process(es), MULTI_CPU" in p.stdout
     a, b = _losses(one), _losses(tmp_path / "two/run")
@@ -183,19 +153,32 @@ def test_two_cpu_ranks_match_one_rank_with_accumulation(tmp_path, regen):
 def test_deepspeed_zero2_on_cpu(tmp_path, regen):
     recipe = write_recipe(tmp_path)
     ov = recipe_overrides(regen, tmp_path / "ds/run", "medusa", steps=3, batch_size=2)
-    p = _launch(["--config_file", str(REPO / "recipes/accelerate/deepspeed_zero2.yaml"), "--num_processes", "1",
-                 "--mixed_precision", "no", "-m", "train", str(recipe), *ov],
-                _ds_env())
+    p = _launch(
+        [
+            "--config_file",
+            str(REPO / "recipes/accelerate/deepspeed_zero2.yaml"),
+            "--num_processes",
+            "1",
+            "--mixed_precision",
+            "no",
+            "-m",
+            "train",
+            str(recipe),
+            *ov,
+        ],
+        _ds_env(),
+    )
     assert p.returncode == 0, p.stderr[-3000:]
     assert "DEEPSPEED" in p.stdout
     assert len(_losses(tmp_path / "ds/run")) == 3
     assert (tmp_path / "ds/run/export/model.safetensors").exists()
 
 
-
 def _shard_files(ckpt: Path) -> list[str]:
     """The per-rank model shard files of a sharded checkpoint (FSDP's DCP directory, or ZeRO-3's partitions)."""
-    return sorted(f.name for f in [*ckpt.glob("pytorch_model_fsdp_0/*.distcp"), *ckpt.glob("pytorch_model/*model_states.pt")])
+    return sorted(
+        f.name for f in [*ckpt.glob("pytorch_model_fsdp_0/*.distcp"), *ckpt.glob("pytorch_model/*model_states.pt")]
+    )
 
 
 def _sharded_weights(ckpt: Path, like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -215,15 +198,19 @@ def _sharded_weights(ckpt: Path, like: dict[str, torch.Tensor]) -> dict[str, tor
 
 def _ds_env() -> dict[str, str]:
     # an already set TORCH_EXTENSIONS_DIR wins: venvs sharing one build cache rebuild each other's ops
-    return {"DS_ACCELERATOR": "cpu",
-            "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache/torch_extensions"))}
+    return {
+        "DS_ACCELERATOR": "cpu",
+        "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache/torch_extensions")),
+    }
 
 
 SHARDED = {  # accelerate launch arguments, distributed type, one model shard file per rank
     "fsdp": (["--config_file", "recipes/accelerate/fsdp_cpu_2proc.yaml"], "FSDP", ["__0_0.distcp", "__1_0.distcp"]),
-    "zero3": (["--config_file", "recipes/accelerate/deepspeed_zero3.yaml", "--num_processes", "2",
-               "--mixed_precision", "no"], "DEEPSPEED",
-              ["zero_pp_rank_0_mp_rank_00_model_states.pt", "zero_pp_rank_1_mp_rank_00_model_states.pt"]),
+    "zero3": (
+        ["--config_file", "recipes/accelerate/deepspeed_zero3.yaml", "--num_processes", "2", "--mixed_precision", "no"],
+        "DEEPSPEED",
+        ["zero_pp_rank_0_mp_rank_00_model_states.pt", "zero_pp_rank_1_mp_rank_00_model_states.pt"],
+    ),
 }
 
 
@@ -241,7 +228,9 @@ def test_sharded_two_cpu_ranks_match_accumulation_resume_and_export(tmp_path, re
     recipe = write_recipe(tmp_path)
     # a constant lr, so a 4-step run resumed to 6 steps follows the 6-step run exactly
     common = {"batch_size": 2, "schedule": "constant", "save_every": 2}
-    one = run(tmp_path / "one", recipe_overrides(regen, tmp_path / "one/run", "eagle1", steps=6, grad_accum=2, **common))
+    one = run(
+        tmp_path / "one", recipe_overrides(regen, tmp_path / "one/run", "eagle1", steps=6, grad_accum=2, **common)
+    )
     two = tmp_path / "two/run"
 
     def launch(steps: int) -> str:
@@ -270,67 +259,9 @@ def test_sharded_two_cpu_ranks_match_accumulation_resume_and_export(tmp_path, re
         assert torch.equal(v, before.state_dict()[k]), k
         torch.testing.assert_close(v, ref[k], atol=1e-5, rtol=1e-4)
     ids = encode_prompt(target, "Once upon a time")
-    outs = [generate(target, m.drafter(name=n), ids, 24, shape=Shape("chain", k=4))
-            for m, n in ((exported, "export"), (before, "checkpoint"))]
+    outs = [
+        generate(target, m.drafter(name=n), ids, 24, shape=Shape("chain", k=4))
+        for m, n in ((exported, "export"), (before, "checkpoint"))
+    ]
     assert outs[0].tokens == outs[1].tokens
     assert outs[0].stats.accepted_lengths == outs[1].stats.accepted_lengths
-
-
-@pytest.mark.parametrize("first", ["no", "bf16"])
-def test_bf16_autocast_keeps_fp32_weights_and_optimizer_state(tmp_path, first):
-    """train.mixed_precision=bf16: the drafter's forward runs in bf16 under autocast while its weights,
-    gradients and AdamW state stay fp32 (the master copy); a run of another precision in the same process
-    before it (`first`) does not block it."""
-    from train.distributed import make_accelerator
-    from train.loop import TrainConfig
-
-    make_accelerator(TrainConfig(mixed_precision=first, report_to="none"), tmp_path)
-    acc = make_accelerator(TrainConfig(mixed_precision="bf16", report_to="none"), tmp_path)
-    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.SiLU(), torch.nn.Linear(16, 8))
-    seen = []
-    model[0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
-    model, opt = acc.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
-    with acc.autocast():
-        out = model(torch.randn(4, 8))
-    assert seen == [torch.bfloat16]  # (accelerate hands the output back in fp32)
-    acc.backward(out.float().pow(2).mean())
-    opt.step()
-    params = list(acc.unwrap_model(model).parameters())
-    assert {p.dtype for p in params} == {p.grad.dtype for p in params} == {torch.float32}
-    state = [v for s in opt.state_dict()["state"].values() for v in s.values() if v.numel() > 1]
-    assert state and {v.dtype for v in state} == {torch.float32}
-
-
-def test_eval_only_evaluates_without_training_or_export(tmp_path, regen):
-    """train.steps=0 is refused (tests/test_bad_input.py) unless train.eval_only=true asks for evaluation alone:
-    then the drafter (untrained here; the newest checkpoint when there is one) is evaluated, nothing more."""
-    run_dir = run(tmp_path, recipe_overrides(regen, tmp_path / "run", "medusa", steps=0, eval_only="true"))
-    final = json.loads((run_dir / "final_eval.json").read_text())
-    assert final["step"] == 0 and final["eval/sim_prompts"] == 2 and "eval/loss" in final
-    assert not (run_dir / "export").exists() and not (run_dir / "checkpoints").exists()
-
-
-def test_init_from_starts_from_a_trained_drafter_native_or_engine_layout(tmp_path, regen):
-    """train.init_from: the run starts from a trained drafter's weights. With eval_only, a run warm-started from
-    an export (native, or the SGLang EAGLE-3 layout) evaluates exactly as the run that trained it, while the
-    untrained drafter evaluates differently; a drafter of another kind or shape, or no directory, is refused."""
-    from drafters.serving.export import export
-
-    trained = run(tmp_path / "a", recipe_overrides(regen, tmp_path / "a/run", "eagle3", steps=8))
-    engine = export(trained / "export", "eagle3", tmp_path / "engine", dtype="float32")
-    ref = json.loads((trained / "final_eval.json").read_text())
-    fresh = run(tmp_path / "u", recipe_overrides(regen, tmp_path / "u/run", "eagle3", steps=0, eval_only="true"))
-    assert json.loads((fresh / "final_eval.json").read_text())["eval/loss"] != pytest.approx(ref["eval/loss"], rel=1e-3)
-    for name, src in (("native", trained / "export"), ("engine", engine)):
-        ov = recipe_overrides(regen, tmp_path / name / "run", "eagle3", steps=0, eval_only="true", init_from=src)
-        got = json.loads((run(tmp_path / name, ov) / "final_eval.json").read_text())
-        assert got["eval/loss"] == pytest.approx(ref["eval/loss"], rel=1e-5), name
-        assert got["eval/sim_tau_chain"] == pytest.approx(ref["eval/sim_tau_chain"]), name
-    base = recipe_overrides(regen, tmp_path / "x/run", "eagle3", steps=2)
-    with pytest.raises(ValueError, match="is a eagle3 drafter; this recipe trains medusa"):
-        run(tmp_path / "x", [o for o in base if o != "drafter.kind=eagle3"]
-            + ["drafter.kind=medusa", f"train.init_from={trained / 'export'}"])
-    with pytest.raises(ValueError, match="do not fit this recipe's eagle3 drafter"):
-        run(tmp_path / "x", base + ["drafter.eagle3.draft_vocab_size=64", f"train.init_from={trained / 'export'}"])
-    with pytest.raises(FileNotFoundError, match="train.init_from"):
-        run(tmp_path / "x", base + [f"train.init_from={tmp_path / 'nope'}"])

