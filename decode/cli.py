@@ -38,7 +38,9 @@ COMMANDS = {
 def usage() -> str:
     width = max(map(len, COMMANDS))
     rows = "\n".join(f"  {c:<{width}}  python -m {m}" for c, m in COMMANDS.items())
-    return f"usage: draftsmith <command> [args ...]\n\ncommands:\n{rows}\n\n`draftsmith <command> --help` for its options."
+    return (
+        f"usage: draftsmith <command> [args ...]\n\ncommands:\n{rows}\n\n`draftsmith <command> --help` for its options."
+    )
 
 
 def find_module(module: str):
@@ -79,8 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     spec = find_module(COMMANDS[cmd])
     if spec is None:
-        print(f"draftsmith {cmd}: not yet available (module {COMMANDS[cmd]} is not part of this version)",
-              file=sys.stderr)
+        print(
+            f"draftsmith {cmd}: not yet available (module {COMMANDS[cmd]} is not part of this version)", file=sys.stderr
+        )
         return 1
     return run_module(spec.name, f"draftsmith {cmd}", rest)
 

@@ -29,9 +29,15 @@ KIND = "draftsmith-pass-cost"
 
 
 @torch.inference_mode()
-def measure_pass_cost(target: Target, tokens: tuple[int, ...] = DEFAULT_TOKENS, prefix: int = 32, repeats: int = 3,
-                      before_pass: Callable[[], None] | None = None, seed: int = 0,
-                      reduce: Callable[[list[float]], float] = statistics.median) -> dict[int, float]:
+def measure_pass_cost(
+    target: Target,
+    tokens: tuple[int, ...] = DEFAULT_TOKENS,
+    prefix: int = 32,
+    repeats: int = 3,
+    before_pass: Callable[[], None] | None = None,
+    seed: int = 0,
+    reduce: Callable[[list[float]], float] = statistics.median,
+) -> dict[int, float]:
     """Seconds of one verification pass over n tokens (the pending root + a chain of n - 1 drafts), reduced
     over `repeats` timings (median; `min` where a shared machine's pre-emptions should not count).
 
@@ -52,9 +58,10 @@ def measure_pass_cost(target: Target, tokens: tuple[int, ...] = DEFAULT_TOKENS, 
     cache = target.new_cache()
     target.prefill(torch.randint(vocab, (prefix,), generator=g), cache)
     ns = sorted(set(tokens))
-    passes = {n: (int(torch.randint(vocab, (1,), generator=g)), DraftTree.chain(torch.randint(vocab, (n - 1,),
-                                                                                             generator=g)))
-              for n in ns}
+    passes = {
+        n: (int(torch.randint(vocab, (1,), generator=g)), DraftTree.chain(torch.randint(vocab, (n - 1,), generator=g)))
+        for n in ns
+    }
 
     def one_pass(n: int) -> float:
         if before_pass is not None:
@@ -73,7 +80,7 @@ def measure_pass_cost(target: Target, tokens: tuple[int, ...] = DEFAULT_TOKENS, 
         one_pass(n)
     times: dict[int, list[float]] = {n: [] for n in ns}
     for r in range(repeats):
-        for n in ns[r % len(ns):] + ns[: r % len(ns)]:
+        for n in ns[r % len(ns) :] + ns[: r % len(ns)]:
             times[n].append(one_pass(n))
     return {n: reduce(times[n]) for n in ns}
 
@@ -104,8 +111,9 @@ def save_curve(path: str | Path, curve: dict[int, float], meta: dict | None = No
 def load_curve(path: str | Path) -> dict[int, float]:
     doc = json.loads(Path(path).read_text())
     if doc.get("kind") != KIND:
-        raise ValueError(f"{path} is not a pass-cost file (kind {doc.get('kind')!r}); make one with "
-                         "python -m decode.costmodel")
+        raise ValueError(
+            f"{path} is not a pass-cost file (kind {doc.get('kind')!r}); make one with python -m decode.costmodel"
+        )
     return {int(n): float(s) for n, s in doc["seconds_by_tokens"].items()}
 
 
@@ -127,8 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", default=",".join(map(str, DEFAULT_TOKENS)), help="verified-token counts to time")
     ap.add_argument("--resident-layers", type=int, default=0, help="K first layers kept resident (early-exit:K)")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--cold", action="store_true", help="disk mode: evict the streamed files from the page cache "
-                                                       "before every pass (true disk reads)")
+    ap.add_argument(
+        "--cold",
+        action="store_true",
+        help="disk mode: evict the streamed files from the page cache before every pass (true disk reads)",
+    )
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
     ap.add_argument("--out", required=True, help="json file to write")
     args = ap.parse_args(argv)
@@ -139,11 +150,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.cold and not files:
         raise SystemExit("--cold needs --offload disk with streamed layers (nothing is read from disk otherwise)")
     before = (lambda: drop_page_cache(files)) if files else None
-    curve = measure_pass_cost(target, tuple(int(x) for x in args.tokens.split(",")), repeats=args.repeats,
-                              before_pass=before)
+    curve = measure_pass_cost(
+        target, tuple(int(x) for x in args.tokens.split(",")), repeats=args.repeats, before_pass=before
+    )
     placement = target.placement.summary() if target.placement is not None else {"mode": "none"}
-    save_curve(args.out, curve, {"target": args.target, "dtype": str(target.dtype).removeprefix("torch."), "cold_page_cache": bool(files),
-                                 "threads": torch.get_num_threads(), "placement": placement})
+    save_curve(
+        args.out,
+        curve,
+        {
+            "target": args.target,
+            "dtype": str(target.dtype).removeprefix("torch."),
+            "cold_page_cache": bool(files),
+            "threads": torch.get_num_threads(),
+            "placement": placement,
+        },
+    )
     print(format_curve(curve))
     return 0
 

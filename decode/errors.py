@@ -87,8 +87,9 @@ def check_out_dir(path: str | os.PathLike, option: str = "--out") -> None:
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
-        raise UserError(f"{option} {p}: cannot write in {base} ({e.strerror}); point {option} at a directory "
-                        "you can write") from None
+        raise UserError(
+            f"{option} {p}: cannot write in {base} ({e.strerror}); point {option} at a directory you can write"
+        ) from None
 
 
 @contextlib.contextmanager
@@ -98,7 +99,10 @@ def writing(path: str | os.PathLike, option: str = "--out") -> Iterator[None]:
         yield
     except OSError as e:
         if e.errno in DISK_FULL:
-            raise UserError(f"{option} {path}: disk full ({e.strerror}); nothing was written: free some space or "
-                            f"point {option} at another disk") from None
-        raise UserError(f"{option} {path}: cannot write ({e.strerror or e}); point {option} at a directory you "
-                        "can write") from None
+            raise UserError(
+                f"{option} {path}: disk full ({e.strerror}); nothing was written: free some space or "
+                f"point {option} at another disk"
+            ) from None
+        raise UserError(
+            f"{option} {path}: cannot write ({e.strerror or e}); point {option} at a directory you can write"
+        ) from None

@@ -40,8 +40,10 @@ def check_length(target: Target, prompt_len: int, max_new_tokens: int) -> None:
     if prompt_len < 1:
         raise ValueError("empty prompt: at least one token (e.g. BOS) is needed")
     if prompt_len + max_new_tokens > target.max_positions:
-        raise ValueError(f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's "
-                         f"max positions ({target.max_positions}); shorten the prompt or lower --max-new-tokens")
+        raise ValueError(
+            f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's "
+            f"max positions ({target.max_positions}); shorten the prompt or lower --max-new-tokens"
+        )
 
 
 def pick(logits: Tensor, sampling: SamplingConfig, rng: Rng) -> int:
@@ -52,9 +54,17 @@ def pick(logits: Tensor, sampling: SamplingConfig, rng: Rng) -> int:
 
 
 @torch.inference_mode()
-def generate(target: Target, drafter: Drafter, prompt_ids: Tensor, max_new_tokens: int,
-             sampling: SamplingConfig = SamplingConfig(), shape: Shape = Shape(), policy: Policy | None = None,
-             seed: int = 0, on_tokens: Callable[[list[int]], None] | None = None) -> Generation:
+def generate(
+    target: Target,
+    drafter: Drafter,
+    prompt_ids: Tensor,
+    max_new_tokens: int,
+    sampling: SamplingConfig = SamplingConfig(),
+    shape: Shape = Shape(),
+    policy: Policy | None = None,
+    seed: int = 0,
+    on_tokens: Callable[[list[int]], None] | None = None,
+) -> Generation:
     """Generate up to max_new_tokens (stopping after an EOS) with `drafter` proposing and `target` verifying."""
     prompt_ids = torch.as_tensor(prompt_ids, dtype=torch.long).view(-1)
     check_length(target, prompt_ids.numel(), max_new_tokens)
@@ -104,8 +114,9 @@ def generate(target: Target, drafter: Drafter, prompt_ids: Tensor, max_new_token
             # argmax in fp32: the same index (bf16 -> fp32 is exact), and 5x faster than bf16's on a CPU (49k: 0.17 ms)
             verdict = verify_greedy(tree, LazyRows(lambda h: target.head(h).float().argmax(-1), rows, also))
         else:
-            verdict = verify_sampling(tree, LazyRows(lambda h: probs_from_logits(target.head(h), sampling), rows,
-                                                     also), rng)
+            verdict = verify_sampling(
+                tree, LazyRows(lambda h: probs_from_logits(target.head(h), sampling), rows, also), rng
+            )
         t2 = time.perf_counter()
 
         # 4. commit: keep the root and the accepted path in the cache, emit path tokens + bonus.
@@ -120,7 +131,7 @@ def generate(target: Target, drafter: Drafter, prompt_ids: Tensor, max_new_token
         if on_tokens:
             on_tokens(new)
         hidden = {i: h[keep] for i, h in out.hidden.items()}
-        side_logits = target.head(out.last[1 + tree.size:]) if side is not None else None
+        side_logits = target.head(out.last[1 + tree.size :]) if side is not None else None
         drafter.accept(TargetStep(torch.tensor(new), hidden, verdict.path, committed, cache, side_logits))
         t3 = time.perf_counter()
         stats.draft_s += t1 - t0
@@ -136,8 +147,10 @@ def generate(target: Target, drafter: Drafter, prompt_ids: Tensor, max_new_token
 
 
 def no_probs(policy: Policy, drafter: Drafter) -> str:
-    return (f"--policy {policy.name} needs the drafter's per-token probabilities, and {drafter.name} proposes "
-            "without them (lookup-style drafts); use --policy fixed or learning with it")
+    return (
+        f"--policy {policy.name} needs the drafter's per-token probabilities, and {drafter.name} proposes "
+        "without them (lookup-style drafts); use --policy fixed or learning with it"
+    )
 
 
 def truncate(tokens: list[int], room: int, eos_ids: set[int]) -> list[int]:
@@ -164,20 +177,33 @@ def add_decode_args(ap: argparse.ArgumentParser) -> None:
     """Options shared by decode.generate and decode.harness.evaluate."""
     ap.add_argument("--target", required=True, help="model directory or hub id")
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--tree", default="chain", help="chain | static:FILE | dynamic:topk=8,depth=6,nodes=60 | auto "
-                    "(the chain or tree with the most predicted tokens/s: calibrated acceptance + measured pass cost)")
+    ap.add_argument(
+        "--tree",
+        default="chain",
+        help="chain | static:FILE | dynamic:topk=8,depth=6,nodes=60 | auto "
+        "(the chain or tree with the most predicted tokens/s: calibrated acceptance + measured pass cost)",
+    )
     ap.add_argument("--draft-len", type=int, default=8, help="chain length k")
-    ap.add_argument("--policy", default="fixed",
-                    help="draft-length policy: fixed | learning[:max=..,decay=..] | threshold[:p=0.4,max=..] | "
-                         "stopping[:max=..,decay=..] (max: the longest chain; default --draft-len, twice that for learning)")
+    ap.add_argument(
+        "--policy",
+        default="fixed",
+        help="draft-length policy: fixed | learning[:max=..,decay=..] | threshold[:p=0.4,max=..] | "
+        "stopping[:max=..,decay=..] (max: the longest chain; default --draft-len, twice that for learning)",
+    )
     ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     ap.add_argument("--top-p", type=float, default=1.0)
     ap.add_argument("--top-k", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--dtype", default="auto", help="auto (bfloat16 where the hardware has it, else float32) | "
-                    "float32 (bit-exact with AR) | bfloat16 | float16")
+    ap.add_argument(
+        "--dtype",
+        default="auto",
+        help="auto (bfloat16 where the hardware has it, else float32) | "
+        "float32 (bit-exact with AR) | bfloat16 | float16",
+    )
     ap.add_argument("--attn", default="sdpa", help="attention implementation: sdpa | eager")
-    add_offload_args(ap)  # --offload/--max-memory/--offload-dir/--device: load with decode.offload.load_target_from_args
+    add_offload_args(
+        ap
+    )  # --offload/--max-memory/--offload-dir/--device: load with decode.offload.load_target_from_args
 
 
 def check_decode_args(args: argparse.Namespace) -> None:
@@ -207,12 +233,19 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m decode.generate", description=__doc__.splitlines()[0])
     add_decode_args(ap)
     ap.add_argument("--drafter", default="ar", help="drafter SPEC (see drafters.registry)")
-    ap.add_argument("--prompt", required=True, help="the user's message (rendered with the target's chat template "
-                    "when it has one, as decode.evaluate does)")
+    ap.add_argument(
+        "--prompt",
+        required=True,
+        help="the user's message (rendered with the target's chat template when it has one, as decode.evaluate does)",
+    )
     ap.add_argument("--raw", action="store_true", help="encode --prompt as is: no chat template")
-    ap.add_argument("--target-pass-s", type=float, default=None,
-                    help="seconds one target pass costs, for the cost-aware policies (e.g. 20 for a streamed 14B "
-                         "target); default: measured as the run goes")
+    ap.add_argument(
+        "--target-pass-s",
+        type=float,
+        default=None,
+        help="seconds one target pass costs, for the cost-aware policies (e.g. 20 for a streamed 14B "
+        "target); default: measured as the run goes",
+    )
     args = ap.parse_args(argv)
     # options first: a bad value fails in a second, not after loading the target
     check_decode_args(args)
@@ -237,9 +270,19 @@ def main(argv: list[str] | None = None) -> int:
 
         # a chat turn: on the bundled MT-bench first turns, one per category, as the benchmarks do (one short answer
         # gives a handful of rounds: "What is the capital of France?" calibrated to 4 trials and chose chain k=1)
-        cal_prompts = [ids] if special else [encode_prompt(target, *render_turn(tok, t, [])) for t in chat_calibration_turns()]
-        choice = resolve(decode, target, drafter, args.drafter, cal_prompts, pass_cost_curve(target),
-                         max_new_tokens=min(64, args.max_new_tokens), fallback=parse_shape("chain", args.draft_len))
+        cal_prompts = (
+            [ids] if special else [encode_prompt(target, *render_turn(tok, t, [])) for t in chat_calibration_turns()]
+        )
+        choice = resolve(
+            decode,
+            target,
+            drafter,
+            args.drafter,
+            cal_prompts,
+            pass_cost_curve(target),
+            max_new_tokens=min(64, args.max_new_tokens),
+            fallback=parse_shape("chain", args.draft_len),
+        )
         print(f"auto: {choice.describe()}", file=sys.stderr)
         shape = choice.shape
     if special:  # raw text: the continuation is printed after the prompt's own tokens
@@ -259,11 +302,23 @@ def main(argv: list[str] | None = None) -> int:
 
     stream([])
 
-    gen = generate(target, drafter, ids, args.max_new_tokens, sampling, shape, policy_for(args.policy, args.target_pass_s),
-                   args.seed, on_tokens=stream)
+    gen = generate(
+        target,
+        drafter,
+        ids,
+        args.max_new_tokens,
+        sampling,
+        shape,
+        policy_for(args.policy, args.target_pass_s),
+        args.seed,
+        on_tokens=stream,
+    )
     s = gen.stats
-    print(f"\n[{drafter.name}] {s.new_tokens} tokens, {s.target_passes} target passes, tau {s.tau:.2f}, "
-          f"{s.tokens_per_s:.1f} tok/s", file=sys.stderr)
+    print(
+        f"\n[{drafter.name}] {s.new_tokens} tokens, {s.target_passes} target passes, tau {s.tau:.2f}, "
+        f"{s.tokens_per_s:.1f} tok/s",
+        file=sys.stderr,
+    )
     return 0
 
 

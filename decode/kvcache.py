@@ -17,7 +17,9 @@ class KVCache:
         self.values: list[Tensor | None] = [None] * num_layers
         self.lens: list[int] = [0] * num_layers
 
-    def update(self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args, **kwargs) -> tuple[Tensor, Tensor]:
+    def update(
+        self, key_states: Tensor, value_states: Tensor, layer_idx: int, *args, **kwargs
+    ) -> tuple[Tensor, Tensor]:
         # key_states: [B, kv_heads, T, head_dim]
         n, t = self.lens[layer_idx], key_states.shape[2]
         self._reserve(layer_idx, key_states, n + t)

@@ -18,8 +18,14 @@ from torch import nn
 from decode.errors import UserError, one_line, read_json
 from decode.precision import resolve_dtype
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "fp16": torch.float16}
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 
 
 def local_config(name_or_path: str | os.PathLike) -> dict | None:
@@ -41,8 +47,10 @@ def check_layout(model: nn.Module) -> None:
     missing = [n for n in ("embed_tokens", "layers", "norm", "rotary_emb") if not hasattr(inner, n)]
     if inner is None or missing or not hasattr(model, "lm_head"):
         what = "model.model" if inner is None else ", ".join(f"model.model.{n}" for n in missing) or "lm_head"
-        raise LayoutError(f"{type(model).__name__} lacks the standard decoder-only layout ({what}); "
-                          "draftsmith needs model.model.{embed_tokens,layers,norm,rotary_emb} and lm_head")
+        raise LayoutError(
+            f"{type(model).__name__} lacks the standard decoder-only layout ({what}); "
+            "draftsmith needs model.model.{embed_tokens,layers,norm,rotary_emb} and lm_head"
+        )
 
 
 def resolve_model_path(name_or_path: str | os.PathLike) -> str:
@@ -59,9 +67,14 @@ def resolve_model_path(name_or_path: str | os.PathLike) -> str:
     return s
 
 
-def load_model(name_or_path: str | os.PathLike, dtype: str = "float32", attn: str = "sdpa",
-               device: str = "cpu", device_map: dict[str, str] | None = None,
-               offload_folder: str | None = None) -> nn.Module:
+def load_model(
+    name_or_path: str | os.PathLike,
+    dtype: str = "float32",
+    attn: str = "sdpa",
+    device: str = "cpu",
+    device_map: dict[str, str] | None = None,
+    offload_folder: str | None = None,
+) -> nn.Module:
     """Load an HF causal LM (trust_remote_code off) with a clear error when it cannot be found.
 
     With `device_map` (see decode.offload) accelerate places each module and attaches the hooks
@@ -77,11 +90,13 @@ def load_model(name_or_path: str | os.PathLike, dtype: str = "float32", attn: st
     path = resolve_model_path(name_or_path)
     placed = {} if device_map is None else dict(device_map=device_map, offload_folder=offload_folder)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype], attn_implementation=attn,
-                                                     trust_remote_code=False, **placed)
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=DTYPES[dtype], attn_implementation=attn, trust_remote_code=False, **placed
+        )
     except SafetensorError as e:  # a truncated or corrupt weight file (an interrupted download or copy)
-        raise UserError(f"{broken_file(path)}: not a readable safetensors file ({one_line(e)}); copy or download "
-                        "the model again") from None
+        raise UserError(
+            f"{broken_file(path)}: not a readable safetensors file ({one_line(e)}); copy or download the model again"
+        ) from None
     except OSError as e:
         offline = os.environ.get("HF_HUB_OFFLINE") == "1"
         hint = " (HF_HUB_OFFLINE=1: download it first or pass a local directory)" if offline else ""
@@ -118,8 +133,10 @@ def check_same_tokenizer(target, draft, what: str) -> None:
     if tt.get_vocab() != dt.get_vocab():
         a, b = tt.get_vocab(), dt.get_vocab()
         diff = sorted(set(a.items()) ^ set(b.items()))[:3]
-        raise ValueError(f"{what}: its tokenizer differs from the target's ({len(a)} vs {len(b)} tokens; "
-                         f"e.g. {diff}); a draft model must share the target's tokenizer")
+        raise ValueError(
+            f"{what}: its tokenizer differs from the target's ({len(a)} vs {len(b)} tokens; "
+            f"e.g. {diff}); a draft model must share the target's tokenizer"
+        )
     for attr in ("bos_token_id", "eos_token_id"):
         if getattr(tt, attr) != getattr(dt, attr):
             raise ValueError(f"{what}: {attr} {getattr(dt, attr)} differs from the target's {getattr(tt, attr)}")

@@ -34,8 +34,7 @@ class SideRows:
     see: Tensor  # [E, 1 + E] bool
 
 
-def side_mask(parents: Tensor, side: SideRows, prefix: int, dtype: torch.dtype,
-              device: torch.device | str) -> Tensor:
+def side_mask(parents: Tensor, side: SideRows, prefix: int, dtype: torch.dtype, device: torch.device | str) -> Tensor:
     """Additive float mask [1, 1, R, prefix + R] for R = 1 + N + E rows: [root] + tree, then side rows."""
     n, e = parents.numel(), side.tokens.numel()
     allowed = torch.zeros(n + e, n + e, dtype=torch.bool)
@@ -48,8 +47,9 @@ def side_mask(parents: Tensor, side: SideRows, prefix: int, dtype: torch.dtype,
     return m.to(device).view(1, 1, n + e, prefix + n + e)
 
 
-def tree_rows(root: int, tree: DraftTree, prefix: int, side: SideRows | None, dtype: torch.dtype,
-              device: torch.device | str) -> tuple[Tensor, Tensor, Tensor | None]:
+def tree_rows(
+    root: int, tree: DraftTree, prefix: int, side: SideRows | None, dtype: torch.dtype, device: torch.device | str
+) -> tuple[Tensor, Tensor, Tensor | None]:
     """The rows of a tree pass: ids [R], positions [R] (prefix + depth) and mask [1, 1, R, prefix + R] or None.
 
     R = 1 + N (+ E side rows): the root (the pending token), the tree's nodes, then side rows. A node sees the

@@ -73,6 +73,10 @@ class GenStats:
             "mean_draft_nodes": self.draft_nodes / self.rounds if self.rounds else 0.0,
             "wall_time_s": self.wall_s,
             "tokens_per_s": self.tokens_per_s,
-            "time_split_s": {"prefill": self.prefill_s, "draft": self.draft_s, "verify": self.verify_s,
-                             "commit": self.commit_s},
+            "time_split_s": {
+                "prefill": self.prefill_s,
+                "draft": self.draft_s,
+                "verify": self.verify_s,
+                "commit": self.commit_s,
+            },
         }

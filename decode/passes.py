@@ -23,9 +23,16 @@ class LayerReuse:
     hidden: Tensor  # [n, D] pre-norm output of layer `layers` for rows 0..n-1 of [root] + nodes
 
 
-def forward_tree(target: Target, root: int, tree: DraftTree, cache: KVCache, hidden_ids: tuple[int, ...] = (),
-                 reuse: LayerReuse | None = None, side: SideRows | None = None,
-                 logits: bool = True) -> ForwardOut:
+def forward_tree(
+    target: Target,
+    root: int,
+    tree: DraftTree,
+    cache: KVCache,
+    hidden_ids: tuple[int, ...] = (),
+    reuse: LayerReuse | None = None,
+    side: SideRows | None = None,
+    logits: bool = True,
+) -> ForwardOut:
     """One pass over [root] + tree nodes; returns logits [1 + N, V] (row 0 = root).
 
     logits=False skips the LM head (logits None; `last` holds the pre-norm rows for `head`), for a
@@ -45,8 +52,10 @@ def forward_tree(target: Target, root: int, tree: DraftTree, cache: KVCache, hid
     k = reuse.layers if reuse is not None else 0
     n = reuse.hidden.shape[0] if reuse is not None else 0
     if any(ln != prefix + (n if i < k else 0) for i, ln in enumerate(cache.lens)):
-        raise RuntimeError(f"target cache lengths {cache.lens} do not match prefix {prefix} (+{n} reused "
-                           f"in layers < {k}): a drafter left scratch entries in the target cache")
+        raise RuntimeError(
+            f"target cache lengths {cache.lens} do not match prefix {prefix} (+{n} reused "
+            f"in layers < {k}): a drafter left scratch entries in the target cache"
+        )
     target.check_hidden_ids(hidden_ids)
     if reuse is None:
         h, hid = target.run_layers(target.embed(ids), 0, target.num_layers, cache, positions, mask, tuple(hidden_ids))
@@ -64,8 +73,13 @@ def forward_tree(target: Target, root: int, tree: DraftTree, cache: KVCache, hid
     return ForwardOut(target.head(h)[0] if logits else None, hid, h[0])
 
 
-def forward_batch(target: Target, ids: Tensor, attention_mask: Tensor, hidden_ids: tuple[int, ...] = (),
-                  position_ids: Tensor | None = None) -> tuple[Tensor, dict[int, Tensor]]:
+def forward_batch(
+    target: Target,
+    ids: Tensor,
+    attention_mask: Tensor,
+    hidden_ids: tuple[int, ...] = (),
+    position_ids: Tensor | None = None,
+) -> tuple[Tensor, dict[int, Tensor]]:
     """No-cache pass over a padded or packed batch: ids [B, T], attention_mask [B, T].
 
     attention_mask: 0 = padding, k > 0 = the k-th sequence packed into the row (plain padding: 1);

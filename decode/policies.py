@@ -102,8 +102,10 @@ def with_depth(shape: Shape, k: int) -> Shape:
 
 def need_chain(shape: Shape, name: str) -> None:
     if shape.kind != "chain":
-        raise ValueError(f"--policy {name} stops a chain token by token; it does not apply to --tree {shape.kind} "
-                         "(use --tree chain, or --policy fixed|learning)")
+        raise ValueError(
+            f"--policy {name} stops a chain token by token; it does not apply to --tree {shape.kind} "
+            "(use --tree chain, or --policy fixed|learning)"
+        )
 
 
 def expected_tokens(alpha: float, k: int) -> float:

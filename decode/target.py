@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -50,18 +51,15 @@ class Target:
         self.placement = None  # a decode.placement.Placement when loaded with streamed (offloaded) layers
 
     @classmethod
-    def load(cls, name_or_path: str | os.PathLike, dtype: str = "float32", attn: str = "sdpa",
-             device: str = "cpu", device_map: dict[str, str] | None = None,
-             offload_folder: str | None = None) -> Target:
-        """`device_map`/`offload_folder`: accelerate placement (decode.offload.load_target builds them);
-        dtype `auto` = resolve_dtype."""
-        model = load_model(name_or_path, dtype=dtype, attn=attn, device=device, device_map=device_map,
-                           offload_folder=offload_folder)
+    def load(cls, name_or_path: str | os.PathLike, **options: Any) -> Target:
+        """A model directory or hub id with its tokenizer (None when it has none). `options` are load_model's:
+        dtype (`auto` = resolve_dtype), attn, device, and accelerate placement (device_map, offload_folder, which
+        decode.offload.load_target builds)."""
         try:
             tok = load_tokenizer(name_or_path)
         except (OSError, ValueError):
             tok = None
-        t = cls(model, tok)
+        t = cls(load_model(name_or_path, **options), tok)
         t.name_or_path = str(name_or_path)
         return t
 
@@ -79,8 +77,10 @@ class Target:
     def check_hidden_ids(self, ids) -> None:
         bad = [i for i in ids if not 0 <= i <= self.num_layers]
         if bad:
-            raise ValueError(f"hidden-state ids {bad} out of range 0..{self.num_layers} (0 = embeddings, "
-                             f"{self.num_layers} = final normed state)")
+            raise ValueError(
+                f"hidden-state ids {bad} out of range 0..{self.num_layers} (0 = embeddings, "
+                f"{self.num_layers} = final normed state)"
+            )
 
     # --- pieces ---------------------------------------------------------------------------
 
@@ -91,10 +91,18 @@ class Target:
         """Final norm + LM head on pre-norm states. [.., D] -> [.., V]"""
         return self.lm_head(self.norm(h))
 
-    def run_layers(self, h: Tensor, start: int, end: int, cache: KVCache | None, positions: Tensor,
-                   mask: Tensor | None = None, capture: tuple[int, ...] = (),
-                   skip: frozenset[int] = frozenset(),
-                   layers: nn.ModuleList | None = None) -> tuple[Tensor, dict[int, Tensor]]:
+    def run_layers(
+        self,
+        h: Tensor,
+        start: int,
+        end: int,
+        cache: KVCache | None,
+        positions: Tensor,
+        mask: Tensor | None = None,
+        capture: tuple[int, ...] = (),
+        skip: frozenset[int] = frozenset(),
+        layers: nn.ModuleList | None = None,
+    ) -> tuple[Tensor, dict[int, Tensor]]:
         """Run decoder layers [start, end) (minus `skip`) on h [1, T, D] at `positions` [T].
 
         mask: additive float [1, 1, T, S] over the cache's tokens plus these (None = full attention,
@@ -109,18 +117,26 @@ class Target:
         if start in capture and start == 0:
             captured[0] = h[0]
         layers = self.layers if layers is None else layers
+        kwargs = dict(attention_mask=mask, position_ids=pos, cache=cache, use_cache=cache is not None)
+        kwargs["position_embeddings"] = rope
         for i in range(start, end):
             if i not in skip:
-                h = layers[i](h, attention_mask=mask, position_ids=pos, cache=cache, use_cache=cache is not None,
-                              position_embeddings=rope)
+                h = layers[i](h, **kwargs)
             if i + 1 in capture:
                 captured[i + 1] = (self.norm(h) if i + 1 == self.num_layers else h)[0]
         return h, captured
 
     # --- whole passes ---------------------------------------------------------------------
 
-    def forward(self, ids: Tensor, cache: KVCache | None, positions: Tensor | None = None,
-                mask: Tensor | None = None, hidden_ids: tuple[int, ...] = (), logits: bool = True) -> ForwardOut:
+    def forward(
+        self,
+        ids: Tensor,
+        cache: KVCache | None,
+        positions: Tensor | None = None,
+        mask: Tensor | None = None,
+        hidden_ids: tuple[int, ...] = (),
+        logits: bool = True,
+    ) -> ForwardOut:
         """All layers over ids [T] appended to `cache`; causal over the new tokens unless `mask` is given."""
         past = cache.lens[0] if cache is not None else 0
         t = ids.numel()

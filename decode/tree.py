@@ -144,8 +144,9 @@ def parse_shape(spec: str, draft_len: int = 8) -> Shape:
     kind, _, arg = spec.partition(":")
     if kind == "chain":
         if draft_len < 1:
-            raise ValueError(f"--draft-len {draft_len}: a chain needs at least 1 token (use --drafter ar for plain "
-                             "decoding)")
+            raise ValueError(
+                f"--draft-len {draft_len}: a chain needs at least 1 token (use --drafter ar for plain decoding)"
+            )
         return Shape("chain", k=draft_len)
     if kind == "static":
         return Shape("static", choices=read_choices(arg))
@@ -160,8 +161,10 @@ def parse_shape(spec: str, draft_len: int = 8) -> Shape:
             except ValueError:
                 raise ValueError(f"--tree {spec!r}: {key} needs an integer, got {val!r}") from None
             if kw[key] < 1:
-                raise ValueError(f"--tree {spec!r}: {key} must be >= 1, got {kw[key]} (a tree with no nodes drafts "
-                                 "nothing; use --drafter ar for plain decoding)")
+                raise ValueError(
+                    f"--tree {spec!r}: {key} must be >= 1, got {kw[key]} (a tree with no nodes drafts "
+                    "nothing; use --drafter ar for plain decoding)"
+                )
         return Shape("dynamic", **kw)
     raise ValueError(f"--tree {spec!r}: expected chain | static:FILE | dynamic:topk=..,depth=..,nodes=..")
 
@@ -172,8 +175,9 @@ def read_choices(arg: str) -> tuple[tuple[int, ...], ...]:
         raise FileNotFoundError(f"--tree static:FILE needs a json file of choice paths, got {arg!r}")
     form = "write a json list of paths of child ranks, e.g. [[0], [1], [0, 0]]"
     raw = read_json(arg, form)
-    if not isinstance(raw, list) or not all(isinstance(c, list) and c and all(type(x) is int and x >= 0 for x in c)
-                                            for c in raw):
+    if not isinstance(raw, list) or not all(
+        isinstance(c, list) and c and all(type(x) is int and x >= 0 for x in c) for c in raw
+    ):
         raise ValueError(f"--tree static:{arg}: not a list of non-empty lists of ranks >= 0; {form}")
     choices = tuple(sorted({tuple(c) for c in raw}, key=lambda c: (len(c), c)))
     for c in choices:
@@ -201,8 +205,9 @@ def to_ids(cols: Tensor, vocab: Tensor | None) -> list[int]:
     return (cols if vocab is None else vocab[cols.to(vocab.device)]).tolist()
 
 
-def grow_chain(step: StepFn, root: int, k: int, sample: SampleFn, stop: StopRule | None = None,
-               vocab: Tensor | None = None) -> DraftTree:
+def grow_chain(
+    step: StepFn, root: int, k: int, sample: SampleFn, stop: StopRule | None = None, vocab: Tensor | None = None
+) -> DraftTree:
     """Up to k tokens, each drawn by `sample(logprobs) -> (column, q or None)` from the previous one.
 
     After each token, `stop(confidences so far)` may end the chain early (before the next drafter
@@ -225,8 +230,9 @@ def grow_chain(step: StepFn, root: int, k: int, sample: SampleFn, stop: StopRule
     return DraftTree.chain(tokens, q, torch.tensor(conf))
 
 
-def grow_static(step: StepFn, root: int, choices: tuple[tuple[int, ...], ...],
-                vocab: Tensor | None = None) -> DraftTree:
+def grow_static(
+    step: StepFn, root: int, choices: tuple[tuple[int, ...], ...], vocab: Tensor | None = None
+) -> DraftTree:
     """Medusa-style static tree: path (r1, r2, ...) = the r1-th best child, then its r2-th best..."""
     if not choices:
         return DraftTree.empty()
@@ -239,18 +245,19 @@ def grow_static(step: StepFn, root: int, choices: tuple[tuple[int, ...], ...],
         for c in level:
             ranked = torch.topk(logprobs[c[:-1]], c[-1] + 1).indices
             index[c] = len(tokens)
-            tokens.append(to_ids(ranked[c[-1]:c[-1] + 1], vocab)[0])
+            tokens.append(to_ids(ranked[c[-1] : c[-1] + 1], vocab)[0])
             parents.append(index[c[:-1]] if depth > 1 else -1)
         expand = [c for c in level if any(len(d) == depth + 1 and d[:-1] == c for d in choices)]
         if expand:
-            lps = step([index[c] for c in expand], [tokens[index[c]] for c in expand], [parents[index[c]] for c in expand])
+            lps = step(
+                [index[c] for c in expand], [tokens[index[c]] for c in expand], [parents[index[c]] for c in expand]
+            )
             for c, lp in zip(expand, lps):
                 logprobs[c] = lp
     return DraftTree(torch.tensor(tokens, dtype=torch.long), torch.tensor(parents, dtype=torch.long))
 
 
-def grow_dynamic(step: StepFn, root: int, topk: int, depth: int, nodes: int,
-                 vocab: Tensor | None = None) -> DraftTree:
+def grow_dynamic(step: StepFn, root: int, topk: int, depth: int, nodes: int, vocab: Tensor | None = None) -> DraftTree:
     """EAGLE-2: expand the top-k children of the best frontier nodes by cumulative log-prob, rerank.
 
     1. root -> its top-k children form the first level;
@@ -272,8 +279,9 @@ def grow_dynamic(step: StepFn, root: int, topk: int, depth: int, nodes: int,
         best = torch.topk(cand.view(-1), topk)
         flat = best.indices
         new = []
-        for f, tok, score in zip((flat // cand.shape[1]).tolist(), to_ids(flat % cand.shape[1], vocab),
-                                 best.values.tolist()):
+        for f, tok, score in zip(
+            (flat // cand.shape[1]).tolist(), to_ids(flat % cand.shape[1], vocab), best.values.tolist()
+        ):
             new.append(len(tokens))
             tokens.append(tok)
             parents.append(frontier[f])

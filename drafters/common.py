@@ -52,7 +52,7 @@ class Scratch:
         if n0 == 0 and n == 1:
             return positions, None  # the root alone sees everything cached
         mask = torch.zeros(n, self.prefix + n0 + n, dtype=self.dtype)
-        mask[:, self.prefix:].masked_fill_(~anc[n0:], torch.finfo(self.dtype).min)
+        mask[:, self.prefix :].masked_fill_(~anc[n0:], torch.finfo(self.dtype).min)
         return positions, mask.to(self.device).view(1, 1, n, -1)
 
 
@@ -109,7 +109,7 @@ class CachedLM:
             self.cached = step.committed  # the target compacted its cache (and our reused scratch)
 
     def propose(self, budget: Budget) -> DraftTree:
-        new_context = self.context[self.cached:]  # committed tokens not yet cached, then the pending one
+        new_context = self.context[self.cached :]  # committed tokens not yet cached, then the pending one
         self.scratch = Scratch(self.cached + len(new_context) - 1, self.dtype, self.device)
         self.states = []
 
@@ -145,7 +145,6 @@ class CachedLM:
         return torch.cat(self.states, dim=0) if self.states else torch.zeros(0)
 
 
-
 class LMDrafter:
     """The drafter protocol around a CachedLM: all a token-level LM drafter needs besides its `run`.
 
@@ -157,8 +156,16 @@ class LMDrafter:
 
     hidden_ids: tuple[int, ...] = ()
 
-    def __init__(self, name: str, run: RunFn, dtype: torch.dtype, device: torch.device, num_layers: int,
-                 shared: bool, reuse_layers: int = 0) -> None:
+    def __init__(
+        self,
+        name: str,
+        run: RunFn,
+        dtype: torch.dtype,
+        device: torch.device,
+        num_layers: int,
+        shared: bool,
+        reuse_layers: int = 0,
+    ) -> None:
         self.name, self.shared, self.reuse_layers = name, shared, reuse_layers
         self.lm = CachedLM(run, dtype, device, num_layers)
         self._reuse: LayerReuse | None = None

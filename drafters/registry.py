@@ -82,6 +82,7 @@ FACTORIES: dict[str, Callable[[Target, str, str], Drafter]] = {
     "lookahead": _lookahead,
 }
 
+
 def _native_dir(target: Target, path: Path) -> Drafter | None:
     from drafters.serving.checkpoint import load_as_drafter
 
@@ -101,9 +102,9 @@ DIR_LOADERS: list[Callable[[Target, Path], Drafter | None]] = [_native_dir, _eng
 # Target layers a drafter runs itself, read from its SPEC before the target is loaded, so a streamed
 # target keeps layers [0, K) resident (decode.offload): name -> fn(text after ':', whole spec) -> K.
 # Checkpoint kinds that run target layers (LayerSkip) add a DIR_RESIDENT reader (None = not theirs).
-RESIDENT: dict[str, Callable[[str, str], int]] = {
-    "early-exit": lambda arg, spec: _ints(arg, spec)[0] if arg else 0,
-}
+RESIDENT: dict[str, Callable[[str, str], int]] = {"early-exit": lambda arg, spec: _ints(arg, spec)[0] if arg else 0}
+
+
 def _native_resident(path: Path) -> int | None:
     """A LayerSkip exit_head checkpoint drafts through the target's first draft_exit layers."""
     from drafters.serving.checkpoint import read_meta

@@ -38,8 +38,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("sources", nargs="+", help="data files or directories the trainer reads (each one row)")
     ap.add_argument("--target", default=str(REPO / "recipes/targets/smollm2-135m-instruct"), help="its tokenizer")
     ap.add_argument("--n", type=int, default=4, help="n-gram length")
-    ap.add_argument("--cap", type=int, default=256, help="answers with at least cap - 1 tokens count as capped "
-                    "(re-tokenizing the text can merge a token)")
+    ap.add_argument(
+        "--cap",
+        type=int,
+        default=256,
+        help="answers with at least cap - 1 tokens count as capped (re-tokenizing the text can merge a token)",
+    )
     ap.add_argument("--max-records", type=int, default=0, help="first N records of each source (0: all)")
     args = ap.parse_args(argv)
     tok = load_tokenizer(args.target)

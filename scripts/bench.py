@@ -26,8 +26,17 @@ TREE = "dynamic:topk=8,depth=6,nodes=60"
 
 
 def default_drafters() -> list[str]:
-    specs = ["hf-generate", "early-exit:1", "early-exit:2", f"early-exit:2@{TREE}", "skip:2", "prompt-lookup",
-             "lookahead", "hf-assisted:early-exit:2", "hf-prompt-lookup"]
+    specs = [
+        "hf-generate",
+        "early-exit:1",
+        "early-exit:2",
+        f"early-exit:2@{TREE}",
+        "skip:2",
+        "prompt-lookup",
+        "lookahead",
+        "hf-assisted:early-exit:2",
+        "hf-prompt-lookup",
+    ]
     for kind in ("layerskip", "medusa", "eagle3"):
         d = REPO / "runs/demo" / kind / "export"
         if d.is_dir():
@@ -50,20 +59,30 @@ def main() -> int:
     target = Target.load(args.target)
     convs = load_prompts(args.prompts)
     cfg = EvalConfig(max_new_tokens=args.max_new_tokens)
-    report = evaluate(target, prepare(target, args.drafter or default_drafters(), cfg), convs, cfg,
-                      pass_costs=[20.0, 0.025], progress=False)
+    report = evaluate(
+        target,
+        prepare(target, args.drafter or default_drafters(), cfg),
+        convs,
+        cfg,
+        pass_costs=[20.0, 0.025],
+        progress=False,
+    )
     rows = report["drafters"]
     hf = next((d for d in rows if d["name"] == "hf-generate"), None)
-    print(f"target {args.target}; {len(convs)} prompts, {args.max_new_tokens} new tokens, greedy, chain k=8 unless @tree; "
-          f"torch threads {args.threads}\n")
+    print(
+        f"target {args.target}; {len(convs)} prompts, {args.max_new_tokens} new tokens, greedy, chain k=8 unless @tree; "
+        f"torch threads {args.threads}\n"
+    )
     print(f"{'drafter':<48} {'tau':>6} {'tok/s':>7} {'vs AR':>6} {'vs HF':>6} {'= AR':>5} {'@20s':>6} {'@25ms':>6}")
     for d in rows:
         name = d["name"].replace(str(REPO) + "/", "")
         vs_hf = d["tokens_per_s"] / hf["tokens_per_s"] if hf else float("nan")
         proj = [f"{r['speedup_vs_ar']:.2f}" for r in d["cost_model"]] if d["cost_model"] else ["-", "-"]  # HF: no split
         same = {True: "yes", False: "NO", None: "-"}[d["matches_ar"]]
-        print(f"{name:<48} {d['mean_accepted_tokens']:>6.3f} {d['tokens_per_s']:>7.1f} {d['speedup_vs_ar']:>6.2f} "
-              f"{vs_hf:>6.2f} {same:>5} {proj[0]:>6} {proj[1]:>6}")
+        print(
+            f"{name:<48} {d['mean_accepted_tokens']:>6.3f} {d['tokens_per_s']:>7.1f} {d['speedup_vs_ar']:>6.2f} "
+            f"{vs_hf:>6.2f} {same:>5} {proj[0]:>6} {proj[1]:>6}"
+        )
     print("\n@20s / @25ms: projected speedup vs AR if one target pass cost that much (measured tau and drafting cost)")
     return 0
 

@@ -78,25 +78,36 @@ def report(rows: list[Row], n_prompts: int) -> None:
     ar, hf = rows[0], rows[1]
     ar_tps, hf_tps = ar.stats.tokens_per_s, hf.stats.tokens_per_s
     ratio = ar_tps / hf_tps
-    print(f"\nAR loop: ours {ar_tps:.1f} tok/s vs HF generate() {hf_tps:.1f} tok/s -> ratio {ratio:.2f} "
-          f"({'OK' if ratio >= 0.9 else 'TOO SLOW'}: must be >= 0.90)\n")
-    head = (f"{'configuration':<30} {'tau':>6} {'tok/s':>7} {'vs AR':>6} {'vs HF':>6} {'same':>5} "
-            f"{'passes':>6} {'d.pass':>6} {'nodes':>5} | {'draft':>7} {'verify':>7} {'commit':>7} ms/round "
-            f"| {'prefill':>7} ms/prompt")
+    print(
+        f"\nAR loop: ours {ar_tps:.1f} tok/s vs HF generate() {hf_tps:.1f} tok/s -> ratio {ratio:.2f} "
+        f"({'OK' if ratio >= 0.9 else 'TOO SLOW'}: must be >= 0.90)\n"
+    )
+    head = (
+        f"{'configuration':<30} {'tau':>6} {'tok/s':>7} {'vs AR':>6} {'vs HF':>6} {'same':>5} "
+        f"{'passes':>6} {'d.pass':>6} {'nodes':>5} | {'draft':>7} {'verify':>7} {'commit':>7} ms/round "
+        f"| {'prefill':>7} ms/prompt"
+    )
     print(head)
     print("-" * len(head))
     for r in rows:
         s = r.stats
         same = "yes" if r.outputs == ar.outputs else "NO"
         nodes = f"{s.draft_nodes / s.rounds:5.1f}" if s.draft_nodes and r.runner.kind == "draftsmith" else f"{'-':>5}"
-        split = (f"{ms(s.draft_s, s.rounds)} {ms(s.verify_s, s.rounds)} {ms(s.commit_s, s.rounds)}         "
-                 f"| {ms(s.prefill_s, n_prompts)}" if r.runner.kind == "draftsmith" else
-                 f"{'-':>7} {'-':>7} {'-':>7}          | {'-':>7}")
-        print(f"{r.label:<30} {s.tau:6.3f} {s.tokens_per_s:7.1f} {s.tokens_per_s / ar_tps:6.2f} "
-              f"{s.tokens_per_s / hf_tps:6.2f} {same:>5} {s.target_passes:6d} {s.drafter_passes:6d} {nodes} | {split}")
-    print("\ntau = new tokens / target passes (prefill counted, AR = 1); d.pass = drafter forward calls; "
-          "nodes = mean draft-tree size;\nHF rows: passes counted with forward hooks, no per-round split. "
-          "'same' = token-identical to our AR on every prompt.")
+        split = (
+            f"{ms(s.draft_s, s.rounds)} {ms(s.verify_s, s.rounds)} {ms(s.commit_s, s.rounds)}         "
+            f"| {ms(s.prefill_s, n_prompts)}"
+            if r.runner.kind == "draftsmith"
+            else f"{'-':>7} {'-':>7} {'-':>7}          | {'-':>7}"
+        )
+        print(
+            f"{r.label:<30} {s.tau:6.3f} {s.tokens_per_s:7.1f} {s.tokens_per_s / ar_tps:6.2f} "
+            f"{s.tokens_per_s / hf_tps:6.2f} {same:>5} {s.target_passes:6d} {s.drafter_passes:6d} {nodes} | {split}"
+        )
+    print(
+        "\ntau = new tokens / target passes (prefill counted, AR = 1); d.pass = drafter forward calls; "
+        "nodes = mean draft-tree size;\nHF rows: passes counted with forward hooks, no per-round split. "
+        "'same' = token-identical to our AR on every prompt."
+    )
     ours = [r for r in rows if r.runner.kind == "draftsmith" and r.stats.rounds]
     print("\nwhere the time goes (share of wall time):")
     for r in ours:
@@ -129,19 +140,23 @@ def main(argv: list[str] | None = None) -> int:
     convs = load_prompts(args.prompts, args.limit)
     prompts = [encode_prompt(target, *render_turn(target.tokenizer, c.turns[:1], [])) for c in convs]
     cfg = EvalConfig(max_new_tokens=args.max_new_tokens, draft_len=args.draft_len)
-    rows = [Row(label, spec, tree, make_run(spec, target, replace(cfg, tree=tree)))
-            for label, spec, tree in configs(args)]
-    print(f"target {args.target} ({target.num_layers} layers, hidden {target.hidden_size}); {len(prompts)} prompts "
-          f"from {args.prompts}; {args.max_new_tokens} new tokens, greedy; chain k={args.draft_len}, tree "
-          f"{args.dynamic}; torch {torch.__version__}, {torch.get_num_threads()} thread(s); "
-          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    rows = [
+        Row(label, spec, tree, make_run(spec, target, replace(cfg, tree=tree))) for label, spec, tree in configs(args)
+    ]
+    print(
+        f"target {args.target} ({target.num_layers} layers, hidden {target.hidden_size}); {len(prompts)} prompts "
+        f"from {args.prompts}; {args.max_new_tokens} new tokens, greedy; chain k={args.draft_len}, tree "
+        f"{args.dynamic}; torch {torch.__version__}, {torch.get_num_threads()} thread(s); "
+        f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    )
     for row in rows:  # untimed warm-up: lazy initialisation, allocator
         row.runner.run(prompts[0], 8, cfg.sampling, cfg.seed)
     start = time.perf_counter()
     run_all(rows, prompts, target, cfg)
     report(rows, len(prompts))
-    print(f"\nbenchmark wall time {time.perf_counter() - start:.0f} s; load average at the end "
-          f"{os.getloadavg()[0]:.1f}")
+    print(
+        f"\nbenchmark wall time {time.perf_counter() - start:.0f} s; load average at the end {os.getloadavg()[0]:.1f}"
+    )
     return 0
 
 

@@ -56,8 +56,7 @@ def eagle3_all_rows(m, batch: dict, step: int) -> torch.Tensor:
     L = m.target.num_layers
     valid = next_valid(batch) & m.t2d[teacher_argmax(batch, m.target.lm_head, L)]
     logits = [m.head(h) for h in m.unroll_states(batch, m.config.ttt_steps, m.noise_generator(0))]
-    rows = distill_rows(logits, [k + 1 for k in range(len(logits))], batch, m.target.lm_head, L, "soft_ce",
-                        m.draft_ids)
+    rows = distill_rows(logits, [k + 1 for k in range(len(logits))], batch, m.target.lm_head, L, "soft_ce", m.draft_ids)
     losses = [masked_mean(ce, ahead(valid, k + 1, False)) for k, ce in enumerate(rows)]
     return sum(w * lo for w, lo in zip(step_weights(len(losses), m.config.step_decay), losses))
 
@@ -83,8 +82,11 @@ def layerskip_all_rows(m, batch: dict, step: int) -> torch.Tensor:
         if not active:
             continue
         logits = m.exit_logits(e, m.exit_states(batch, e))
-        rows = (distill_rows([logits], [0], batch, m.target.lm_head, L, "kl")[0] if c.loss == "kl"
-                else hard_ce(logits, ahead(batch["input_ids"], 1)))
+        rows = (
+            distill_rows([logits], [0], batch, m.target.lm_head, L, "kl")[0]
+            if c.loss == "kl"
+            else hard_ce(logits, ahead(batch["input_ids"], 1))
+        )
         total = total + s * masked_mean(rows, valid)
     return total
 
@@ -111,10 +113,16 @@ def synthetic_batches(target: Target, n: int, size: int, seq_len: int, hidden_id
         lm = torch.zeros_like(ids, dtype=torch.bool)
         for r, n_r in enumerate(lens):
             am[r, :n_r] = 1
-            lm[r, int(0.3 * n_r):n_r] = True
-        out.append({"input_ids": ids, "attention_mask": am, "loss_mask": lm,
-                    "position_ids": torch.arange(ids.shape[1]).expand(size, -1),
-                    **compute_features(target, ids, am, hidden_ids)})
+            lm[r, int(0.3 * n_r) : n_r] = True
+        out.append(
+            {
+                "input_ids": ids,
+                "attention_mask": am,
+                "loss_mask": lm,
+                "position_ids": torch.arange(ids.shape[1]).expand(size, -1),
+                **compute_features(target, ids, am, hidden_ids),
+            }
+        )
     return out
 
 
@@ -126,7 +134,9 @@ def default_cache(target: str) -> Path | None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default=str(REPO / "recipes/targets/smollm2-135m-instruct"))
-    ap.add_argument("--recipes", default=str(REPO / "recipes/smollm2-135m"), help="the drafters' settings come from here")
+    ap.add_argument(
+        "--recipes", default=str(REPO / "recipes/smollm2-135m"), help="the drafters' settings come from here"
+    )
     ap.add_argument("--kinds", default="eagle3,medusa,layerskip")
     ap.add_argument("--cache", default=None, help="feature cache directory (default: the newest for the target)")
     ap.add_argument("--synthetic", action="store_true", help="random batches instead of a feature cache")
@@ -148,22 +158,29 @@ def main(argv: list[str] | None = None) -> int:
     else:
         cache = Path(args.cache) if args.cache else default_cache(args.target)
         if cache is None or not cache.is_dir():
-            print(f"error: no feature cache {cache or ''}; build one (python -m train.features "
-                  "recipes/smollm2-135m/eagle3.yaml) or pass --synthetic", file=sys.stderr)
+            print(
+                f"error: no feature cache {cache or ''}; build one (python -m train.features "
+                "recipes/smollm2-135m/eagle3.yaml) or pass --synthetic",
+                file=sys.stderr,
+            )
             return 2
         source = str(cache)
         batches = cache_batches(cache, args.batches + 1, args.batch_size, 0)
     rows = sum(b["attention_mask"].numel() for b in batches)
     taught = sum(int(next_valid(b).sum()) for b in batches)
-    print(f"{args.target}, float32, {args.threads} thread(s); {len(batches)} batches of {args.batch_size} from "
-          f"{source}; rows with a loss: {taught / rows:.0%} of {rows}")
+    print(
+        f"{args.target}, float32, {args.threads} thread(s); {len(batches)} batches of {args.batch_size} from "
+        f"{source}; rows with a loss: {taught / rows:.0%} of {rows}"
+    )
     print(f"{'drafter':<10} {'form':<9} {'ms/step':>9} {'vs all':>7} {'mean loss':>12}")
     for kind in kinds:
         cls, _ = drafter_kinds()[kind]
         torch.manual_seed(0)
         drafter = cls(target, configs[kind]).eval()  # eval: no training noise, so both forms see the same inputs
-        forms = {"loss rows": lambda b, m=drafter: m.loss(b, STEP)[0],
-                 "all rows": lambda b, m=drafter, f=ALL_ROWS[kind]: f(m, b, STEP)}
+        forms = {
+            "loss rows": lambda b, m=drafter: m.loss(b, STEP)[0],
+            "all rows": lambda b, m=drafter, f=ALL_ROWS[kind]: f(m, b, STEP),
+        }
         times: dict[str, list[float]] = {f: [] for f in forms}
         losses: dict[str, list[float]] = {f: [] for f in forms}
         for i, batch in enumerate(batches):

@@ -84,11 +84,7 @@ def contexts_for(target: Target, n: int) -> list[list[int]]:
     convs = load_prompts(str(REPO / "recipes/data/mt_bench_question.jsonl"), None)
     turns = [c.turns[0] for c in convs][:n]
     return [
-        list(
-            tok(render(tok, [{"role": "user", "content": t}], True, {}), add_special_tokens=False)[
-                "input_ids"
-            ]
-        )
+        list(tok(render(tok, [{"role": "user", "content": t}], True, {}), add_special_tokens=False)["input_ids"])
         for t in turns
     ]
 
@@ -205,9 +201,7 @@ def bench_train_step(target: Target, kind: str, recipes: Path, batch: dict, bf16
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default=str(REPO / "recipes/targets/smollm2-135m-instruct"))
-    ap.add_argument(
-        "--recipes", default=None, help="drafter settings from DIR/<kind>.yaml (default: by target)"
-    )
+    ap.add_argument("--recipes", default=None, help="drafter settings from DIR/<kind>.yaml (default: by target)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (give only the free cores)")
     ap.add_argument("--gemm-sizes", type=int, nargs="+", default=[576, 1024, 2048])
     ap.add_argument("--regen-prompts", type=int, default=16, help="contexts answered per regeneration engine")
@@ -272,11 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     ).data.regenerate.stop_ids  # stories260K: BOS ends a story
     stop = sorted((t32.eos_ids | {t32.tokenizer.eos_token_id} | set(extra_stops)) - {None})
     cfg = RegenConfig(
-        enabled=True,
-        max_new_tokens=args.max_new_tokens,
-        temperature=0.7,
-        top_p=0.95,
-        batch_size=args.regen_batch,
+        enabled=True, max_new_tokens=args.max_new_tokens, temperature=0.7, top_p=0.95, batch_size=args.regen_batch
     )
     if "regen" not in args.skip:
         contexts = contexts_for(t32, args.regen_prompts)
@@ -287,9 +277,7 @@ def main(argv: list[str] | None = None) -> int:
             add(
                 "regeneration vllm",
                 "bf16" if has_bf16("cpu") else "fp32",
-                bench_regen_vllm(
-                    targets["bf16" if has_bf16("cpu") else "fp32"], contexts, cfg, stop, work
-                ),
+                bench_regen_vllm(targets["bf16" if has_bf16("cpu") else "fp32"], contexts, cfg, stop, work),
             )
     # 3. features, 4. training (the batch from the fp32 target, as an offline cache would give it)
     hidden_ids = sorted(
@@ -307,11 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     if "train" not in args.skip:
         for kind in args.kinds:
             for d in DTYPES:
-                add(
-                    f"train step {kind}",
-                    d,
-                    bench_train_step(t32, kind, recipes, batch, d == "bf16", args.steps),
-                )
+                add(f"train step {kind}", d, bench_train_step(t32, kind, recipes, batch, d == "bf16", args.steps))
 
     # the table and the JSON
     print(f"\n{'stage':<22} {'dtype':<5} {'tok/s':>9} {'GFLOP/s':>8} {'% peak':>6}")

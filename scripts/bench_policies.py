@@ -55,8 +55,16 @@ class Run:
     matches: bool
 
 
-def run(target: Target, spec: str, prompts: list[torch.Tensor], refs: list[list[int]], max_new: int,
-        shape: Shape, policy: str = "fixed", pass_s: float | None = None) -> Run:
+def run(
+    target: Target,
+    spec: str,
+    prompts: list[torch.Tensor],
+    refs: list[list[int]],
+    max_new: int,
+    shape: Shape,
+    policy: str = "fixed",
+    pass_s: float | None = None,
+) -> Run:
     total, ok = GenStats(), True
     for ids, ref in zip(prompts, refs):
         cost = constant_cost(pass_s) if pass_s else None
@@ -86,8 +94,14 @@ def table(header: list[str], rows: list[list[str]]) -> str:
 
 def bench_policies(target: Target, drafters: list[str], prompts, refs, args) -> str:
     shape = Shape("chain", k=args.draft_len)
-    runs = [("fixed", None), ("learning", None), ("learning", args.pass_s), ("threshold", None),
-            ("stopping", None), ("stopping", args.pass_s)]
+    runs = [
+        ("fixed", None),
+        ("learning", None),
+        ("learning", args.pass_s),
+        ("threshold", None),
+        ("stopping", None),
+        ("stopping", args.pass_s),
+    ]
     rows, refusals = [], set()
     ar = run(target, "ar", prompts, refs, args.max_new_tokens, shape)
     rows.append(policy_row("ar", "-", "-", ar, args.pass_s))
@@ -101,8 +115,20 @@ def bench_policies(target: Target, drafters: list[str], prompts, refs, args) -> 
                 refusals.add(f"* {e}")
                 continue
             rows.append(policy_row(spec, policy, decides, r, args.pass_s))
-    header = ["drafter", "policy", "policy's pass cost", "τ", "passes/token", "drafted/round", "draft ms/token",
-              "pass ms (measured)", f"s/token @ {args.pass_s:g} s", "ms/token @ measured", "tok/s (wall)", "= AR"]
+    header = [
+        "drafter",
+        "policy",
+        "policy's pass cost",
+        "τ",
+        "passes/token",
+        "drafted/round",
+        "draft ms/token",
+        "pass ms (measured)",
+        f"s/token @ {args.pass_s:g} s",
+        "ms/token @ measured",
+        "tok/s (wall)",
+        "= AR",
+    ]
     return "\n".join([table(header, rows), *sorted(refusals)])
 
 
@@ -110,9 +136,20 @@ def policy_row(spec: str, policy: str, decides: str, r: Run, pass_s: float) -> l
     s = r.stats
     c = measured_pass_s(s)
     drafted = sum(s.proposed_by_depth) / s.rounds if s.rounds else 0.0
-    return [spec, policy, decides, f"{s.tau:.3f}", f"{s.target_passes / s.new_tokens:.3f}", f"{drafted:.2f}",
-            f"{1000 * s.draft_s / s.new_tokens:.2f}", f"{1000 * c:.2f}", f"{projected(s, pass_s):.2f}",
-            f"{1000 * projected(s, c):.2f}", f"{s.tokens_per_s:.0f}", "yes" if r.matches else "NO"]
+    return [
+        spec,
+        policy,
+        decides,
+        f"{s.tau:.3f}",
+        f"{s.target_passes / s.new_tokens:.3f}",
+        f"{drafted:.2f}",
+        f"{1000 * s.draft_s / s.new_tokens:.2f}",
+        f"{1000 * c:.2f}",
+        f"{projected(s, pass_s):.2f}",
+        f"{1000 * projected(s, c):.2f}",
+        f"{s.tokens_per_s:.0f}",
+        "yes" if r.matches else "NO",
+    ]
 
 
 # --- part 2: prompt lookup vs HF ------------------------------------------------------------
@@ -152,8 +189,9 @@ def hf_run(model, prompts: list[torch.Tensor], max_new: int, **kw) -> tuple[list
     try:
         for ids in prompts:
             x = ids.view(1, -1)
-            y = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new, do_sample=False,
-                               pad_token_id=0, **kw)[0, x.shape[1]:].tolist()
+            y = model.generate(
+                x, attention_mask=torch.ones_like(x), max_new_tokens=max_new, do_sample=False, pad_token_id=0, **kw
+            )[0, x.shape[1] :].tolist()
             outs.append(y)
             tokens += len(y)
     finally:
@@ -163,10 +201,13 @@ def hf_run(model, prompts: list[torch.Tensor], max_new: int, **kw) -> tuple[list
 
 def bench_lookup(target: Target, workloads: dict[str, list[torch.Tensor]], args) -> str:
     shape = Shape("chain", k=args.lookup_tokens)
-    ours = [("ar", "fixed"), (f"prompt-lookup:ngram=3,k={args.lookup_tokens},branches=1", "fixed"),
-            (f"prompt-lookup:ngram=3,k={args.lookup_tokens},branches=4", "fixed"),
-            (f"prompt-lookup:ngram=3,k={args.lookup_tokens},branches=4", "learning"),
-            ("lookahead:window=8,ngram=4,guesses=8", "fixed")]
+    ours = [
+        ("ar", "fixed"),
+        (f"prompt-lookup:ngram=3,k={args.lookup_tokens},branches=1", "fixed"),
+        (f"prompt-lookup:ngram=3,k={args.lookup_tokens},branches=4", "fixed"),
+        (f"prompt-lookup:ngram=3,k={args.lookup_tokens},branches=4", "learning"),
+        ("lookahead:window=8,ngram=4,guesses=8", "fixed"),
+    ]
     rows = []
     for name, prompts in workloads.items():
         refs = [generate(target, ARDrafter(), ids, args.max_new_tokens).tokens for ids in prompts]
@@ -174,18 +215,41 @@ def bench_lookup(target: Target, workloads: dict[str, list[torch.Tensor]], args)
         for spec, policy in ours:
             r = run(target, spec, prompts, refs, args.max_new_tokens, shape, policy)
             s = r.stats
-            rows.append([name, f"{copy:.2f}", f"ours {spec}" + (f" +{policy}" if policy != "fixed" else ""),
-                         f"{s.tau:.3f}", str(s.target_passes), str(s.new_tokens), f"{s.tokens_per_s:.0f}",
-                         "yes" if r.matches else "NO"])
+            rows.append(
+                [
+                    name,
+                    f"{copy:.2f}",
+                    f"ours {spec}" + (f" +{policy}" if policy != "fixed" else ""),
+                    f"{s.tau:.3f}",
+                    str(s.target_passes),
+                    str(s.new_tokens),
+                    f"{s.tokens_per_s:.0f}",
+                    "yes" if r.matches else "NO",
+                ]
+            )
         hf_greedy: list[list[int]] = []
-        for label, kw in [("HF generate (greedy)", {}),
-                          (f"HF prompt_lookup_num_tokens={args.lookup_tokens}, max_matching_ngram_size=3",
-                           dict(prompt_lookup_num_tokens=args.lookup_tokens, max_matching_ngram_size=3))]:
+        for label, kw in [
+            ("HF generate (greedy)", {}),
+            (
+                f"HF prompt_lookup_num_tokens={args.lookup_tokens}, max_matching_ngram_size=3",
+                dict(prompt_lookup_num_tokens=args.lookup_tokens, max_matching_ngram_size=3),
+            ),
+        ]:
             outs, calls, tokens, secs = hf_run(target.model, prompts, args.max_new_tokens, **kw)
             hf_greedy = hf_greedy or outs
             same = "yes" if outs == refs else "no (= HF greedy)" if outs == hf_greedy else "NO"
-            rows.append([name, f"{copy:.2f}", label, f"{tokens / calls:.3f}", str(calls), str(tokens),
-                         f"{tokens / secs:.0f}", same])
+            rows.append(
+                [
+                    name,
+                    f"{copy:.2f}",
+                    label,
+                    f"{tokens / calls:.3f}",
+                    str(calls),
+                    str(tokens),
+                    f"{tokens / secs:.0f}",
+                    same,
+                ]
+            )
     header = ["workload", "copy", "method", "τ", "target passes", "tokens", "tok/s", "= AR"]
     return table(header, rows)
 
@@ -212,17 +276,22 @@ def main(argv: list[str] | None = None) -> int:
     texts = [t for t in Path(args.prompts).read_text().splitlines() if t.strip()]
     texts = texts[: args.limit] if args.limit else texts
     openings = [encode_prompt(target, t) for t in texts]
-    print(f"target {args.target} ({target.num_layers} layers), {len(texts)} prompts, max_new_tokens "
-          f"{args.max_new_tokens}, torch threads {args.threads}, load average {os.getloadavg()[0]:.1f} "
-          f"on {os.cpu_count()} cores\n")
+    print(
+        f"target {args.target} ({target.num_layers} layers), {len(texts)} prompts, max_new_tokens "
+        f"{args.max_new_tokens}, torch threads {args.threads}, load average {os.getloadavg()[0]:.1f} "
+        f"on {os.cpu_count()} cores\n"
+    )
 
     t0 = time.perf_counter()
     refs = [generate(target, ARDrafter(), ids, args.max_new_tokens).tokens for ids in openings]
     print(f"## Draft-length policies (chain, k = {args.draft_len}; stop rules up to k, learning up to 2k)\n")
     print(bench_policies(target, args.drafter or ["early-exit:2"], openings, refs, args), "\n", flush=True)
     if not args.skip_lookup:
-        workloads = {"dev": openings, "restart": restart_prompts(target, openings, args.story_tokens),
-                     "continue": continue_prompts(target, openings, args.long_tokens)}
+        workloads = {
+            "dev": openings,
+            "restart": restart_prompts(target, openings, args.story_tokens),
+            "continue": continue_prompts(target, openings, args.long_tokens),
+        }
         print(f"## Prompt lookup vs HF (k = {args.lookup_tokens}), lookahead\n")
         print(bench_lookup(target, workloads, args), "\n")
     print(f"total {time.perf_counter() - t0:.0f} s, load average {os.getloadavg()[0]:.1f}")

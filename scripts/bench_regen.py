@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [recs[i] for i in range(len(recs))]
     targets = {d: Target.load(args.target, dtype=d) for d in args.dtypes}
     tok = next(iter(targets.values())).tokenizer
+
     # the contexts regeneration builds: the chat template with the generation prompt (a target without
     # one: the start token + the prompt's tokens, the plain rule), shortest first
     def context(r: dict) -> list[int]:
@@ -62,19 +63,28 @@ def main(argv: list[str] | None = None) -> int:
         for d, target in targets.items():
             stop = sorted((target.eos_ids | {tok.eos_token_id}) - {None})
             for b in args.batch_sizes:
-                cfg = RegenConfig(enabled=True, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                                  batch_size=b)
+                cfg = RegenConfig(
+                    enabled=True, max_new_tokens=args.max_new_tokens, temperature=args.temperature, batch_size=b
+                )
                 t0 = time.perf_counter()
-                new = sum(len(g) for a in range(0, len(contexts), b)
-                          for g in sample(target, contexts[a: a + b], cfg, stop, pad))
+                new = sum(
+                    len(g)
+                    for a in range(0, len(contexts), b)
+                    for g in sample(target, contexts[a : a + b], cfg, stop, pad)
+                )
                 dt = time.perf_counter() - t0
                 results.setdefault((d, b), []).append((new, dt))
-                print(f"[{d} batch {b}] {new} new tokens in {dt:.1f} s = {new / dt:.1f} tok/s "
-                      f"(load {os.getloadavg()[0]:.1f})", flush=True)
+                print(
+                    f"[{d} batch {b}] {new} new tokens in {dt:.1f} s = {new / dt:.1f} tok/s "
+                    f"(load {os.getloadavg()[0]:.1f})",
+                    flush=True,
+                )
     load1 = os.getloadavg()
-    print(f"{len(rows)} opening turns, <= {args.max_new_tokens} new tokens each, temperature "
-          f"{args.temperature}, {args.threads} threads, {args.rounds} round(s); load average "
-          f"{load0[0]:.1f} before, {load1[0]:.1f} after")
+    print(
+        f"{len(rows)} opening turns, <= {args.max_new_tokens} new tokens each, temperature "
+        f"{args.temperature}, {args.threads} threads, {args.rounds} round(s); load average "
+        f"{load0[0]:.1f} before, {load1[0]:.1f} after"
+    )
     print(f"{'target dtype':<13} {'batch':>5} {'new tokens':>10} {'seconds':>8} {'tok/s':>7}")
     for (d, b), rs in results.items():
         new, dt = sum(r[0] for r in rs), sum(r[1] for r in rs)

@@ -28,9 +28,15 @@ from decode.harness.runs import EvalConfig
 from decode.target import Target
 
 REPO = Path(__file__).resolve().parents[1]
-SHAPES = ["chain:8", "dynamic:topk=2,depth=1,nodes=2", "dynamic:topk=4,depth=1,nodes=4",
-          "dynamic:topk=8,depth=1,nodes=8", "dynamic:topk=2,depth=2,nodes=4", "dynamic:topk=4,depth=2,nodes=8",
-          "dynamic:topk=8,depth=6,nodes=24"]
+SHAPES = [
+    "chain:8",
+    "dynamic:topk=2,depth=1,nodes=2",
+    "dynamic:topk=4,depth=1,nodes=4",
+    "dynamic:topk=8,depth=1,nodes=8",
+    "dynamic:topk=2,depth=2,nodes=4",
+    "dynamic:topk=4,depth=2,nodes=8",
+    "dynamic:topk=8,depth=6,nodes=24",
+]
 
 
 def row_spec(drafter: str, shape: str) -> tuple[str, int]:
@@ -42,8 +48,12 @@ def row_spec(drafter: str, shape: str) -> tuple[str, int]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("drafter", nargs="?", default=str(REPO / "recipes/smollm2-135m/drafters/eagle3"),
-                    help="a drafter SPEC or directory (default: the shipped chat drafter)")
+    ap.add_argument(
+        "drafter",
+        nargs="?",
+        default=str(REPO / "recipes/smollm2-135m/drafters/eagle3"),
+        help="a drafter SPEC or directory (default: the shipped chat drafter)",
+    )
     ap.add_argument("--shapes", nargs="+", default=SHAPES, help="chain:K or --tree specs")
     ap.add_argument("--target", default=str(REPO / "recipes/targets/smollm2-135m-instruct"))
     ap.add_argument("--prompts", default=str(REPO / "recipes/data/mt_bench_question.jsonl"))
@@ -64,16 +74,20 @@ def main(argv: list[str] | None = None) -> int:
         runners.append((shape, make_run(spec, target, EvalConfig(max_new_tokens=args.max_new_tokens, draft_len=k))))
     cfg = EvalConfig(max_new_tokens=args.max_new_tokens)
     runs, _ = interleaved(target, runners, convs, cfg)
-    print(f"{args.drafter}, {str(target.dtype).removeprefix('torch.')}, {args.threads} thread(s); {len(convs)} "
-          f"first turns x {args.max_new_tokens} new tokens, greedy, interleaved")
+    print(
+        f"{args.drafter}, {str(target.dtype).removeprefix('torch.')}, {args.threads} thread(s); {len(convs)} "
+        f"first turns x {args.max_new_tokens} new tokens, greedy, interleaved"
+    )
     print(f"{'shape':<34} {'tau':>6} {'tok/s':>7} {'vs AR':>6} {'draft ms':>9} {'verify ms':>10}  (a round)")
     ar_rate = None
     for run in runs:
         s = total_stats(run.turns)
         ar_rate = ar_rate or s.tokens_per_s
         rounds = s.rounds or 1
-        print(f"{run.spec:<34} {s.tau:>6.3f} {s.tokens_per_s:>7.1f} {s.tokens_per_s / ar_rate:>6.2f} "
-              f"{1e3 * s.draft_s / rounds:>9.1f} {1e3 * s.verify_s / rounds:>10.1f}")
+        print(
+            f"{run.spec:<34} {s.tau:>6.3f} {s.tokens_per_s:>7.1f} {s.tokens_per_s / ar_rate:>6.2f} "
+            f"{1e3 * s.draft_s / rounds:>9.1f} {1e3 * s.verify_s / rounds:>10.1f}"
+        )
     return 0
 
 

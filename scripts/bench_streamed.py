@@ -65,8 +65,12 @@ def run_all(target: Target, spec: str, tree: str, k: int, prompts: list[torch.Te
 def per_round_ms(s: GenStats) -> dict[str, float]:
     r = max(s.rounds, 1)
     other = s.wall_s - s.prefill_s - s.draft_s - s.verify_s
-    return {"draft": 1e3 * s.draft_s / r, "verify": 1e3 * s.verify_s / r, "other": 1e3 * other / r,
-            "round": 1e3 * (s.wall_s - s.prefill_s) / r}
+    return {
+        "draft": 1e3 * s.draft_s / r,
+        "verify": 1e3 * s.verify_s / r,
+        "other": 1e3 * other / r,
+        "round": 1e3 * (s.wall_s - s.prefill_s) / r,
+    }
 
 
 def wide_stream_rate(hidden: int, work: Path, k_res: int, repeats: int) -> tuple[dict, int]:
@@ -75,16 +79,31 @@ def wide_stream_rate(hidden: int, work: Path, k_res: int, repeats: int) -> tuple
 
     torch.manual_seed(0)
     heads = max(1, hidden // 64)
-    cfg = LlamaConfig(vocab_size=512, hidden_size=hidden, intermediate_size=hidden * 11 // 4, num_hidden_layers=5,
-                      num_attention_heads=heads, num_key_value_heads=max(1, heads // 4), max_position_embeddings=512)
+    cfg = LlamaConfig(
+        vocab_size=512,
+        hidden_size=hidden,
+        intermediate_size=hidden * 11 // 4,
+        num_hidden_layers=5,
+        num_attention_heads=heads,
+        num_key_value_heads=max(1, heads // 4),
+        max_position_embeddings=512,
+    )
     LlamaForCausalLM(cfg).save_pretrained(work / "wide")
     curves, streamed = {}, 0
-    for name, cfg in {"none": OffloadConfig("none"), "disk": OffloadConfig("disk", offload_dir=str(work / "off2")),
-                      "disk-cold": OffloadConfig("disk", offload_dir=str(work / "off2"))}.items():
+    for name, cfg in {
+        "none": OffloadConfig("none"),
+        "disk": OffloadConfig("disk", offload_dir=str(work / "off2")),
+        "disk-cold": OffloadConfig("disk", offload_dir=str(work / "off2")),
+    }.items():
         target = load_target(work / "wide", offload=cfg, resident_layers=k_res)
         files = streamed_files(target) if name == "disk-cold" else []
-        curves[name] = measure_pass_cost(target, (1, 64), prefix=64, repeats=repeats,
-                                         before_pass=(lambda f=files: drop_page_cache(f)) if files else None)
+        curves[name] = measure_pass_cost(
+            target,
+            (1, 64),
+            prefix=64,
+            repeats=repeats,
+            before_pass=(lambda f=files: drop_page_cache(f)) if files else None,
+        )
         streamed = target.placement.streamed_bytes if target.placement else streamed
     return curves, streamed
 
@@ -96,8 +115,12 @@ def main() -> int:
     ap.add_argument("--num-prompts", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--draft-len", type=int, default=8)
-    ap.add_argument("--tree", action="append", default=None,
-                    help="shapes to run (repeatable; default chain and dynamic:topk=8,depth=6,nodes=60)")
+    ap.add_argument(
+        "--tree",
+        action="append",
+        default=None,
+        help="shapes to run (repeatable; default chain and dynamic:topk=8,depth=6,nodes=60)",
+    )
     ap.add_argument("--drafter", action="append", default=[], help="extra drafter SPECs (e.g. trained checkpoints)")
     ap.add_argument("--tokens", default="1,8,32,64")
     ap.add_argument("--repeats", type=int, default=11, help="timed passes per point of the cost curve (median)")
@@ -111,8 +134,10 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bench-streamed-"))
-    print(f"# bench_streamed: {Path(args.target).name}, {args.threads} thread(s), load average at start "
-          f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(
+        f"# bench_streamed: {Path(args.target).name}, {args.threads} thread(s), load average at start "
+        f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+    )
 
     # 0. drafters: the target's first 2 layers as a separate draft model dir, plus anything given.
     draft_dir = truncated_copy(Path(args.target), 2, work / "draft-first2")
@@ -121,29 +146,46 @@ def main() -> int:
 
     # 1. pass cost vs verified tokens under each placement (same resident set as the decoding runs).
     tokens = tuple(int(x) for x in args.tokens.split(","))
-    placements = {"none": OffloadConfig("none"), "cpu": OffloadConfig("cpu"),
-                  "disk": OffloadConfig("disk", offload_dir=str(work / "offload")),
-                  "disk-cold": OffloadConfig("disk", offload_dir=str(work / "offload"))}
+    placements = {
+        "none": OffloadConfig("none"),
+        "cpu": OffloadConfig("cpu"),
+        "disk": OffloadConfig("disk", offload_dir=str(work / "offload")),
+        "disk-cold": OffloadConfig("disk", offload_dir=str(work / "offload")),
+    }
     curves: dict[str, dict[int, float]] = {}
     for name, cfg in placements.items():
         target = load_target(args.target, offload=cfg, resident_layers=k_res)
         files = streamed_files(target) if name == "disk-cold" else []
         before = (lambda f=files: drop_page_cache(f)) if files else None
         curves[name] = measure_pass_cost(target, tokens, prefix=64, repeats=args.repeats, before_pass=before)
-        meta = {"target": args.target, "placement": target.placement.summary() if target.placement else
-                {"mode": "none"}, "cold_page_cache": bool(files), "threads": args.threads}
+        meta = {
+            "target": args.target,
+            "placement": target.placement.summary() if target.placement else {"mode": "none"},
+            "cold_page_cache": bool(files),
+            "threads": args.threads,
+        }
         save_curve(out / f"pass_cost_{name}.json", curves[name], meta)
         if target.placement is not None and name == "disk":
-            print(f"\n{target.placement.describe()}; files read per pass: {[Path(f).name for f in streamed_files(target)]}")
+            print(
+                f"\n{target.placement.describe()}; files read per pass: {[Path(f).name for f in streamed_files(target)]}"
+            )
     print(f"\n## 1. target pass cost (ms, median of {args.repeats}) vs verified tokens\n")
     print("| verified tokens | " + " | ".join(curves) + " |\n|---|" + "---|" * len(curves))
     for n in tokens:
         print(f"| {n} | " + " | ".join(f"{1e3 * c[n]:.2f}" for c in curves.values()) + " |")
-    print("| 64 / 1 (1.00 = flat) | " + " | ".join(f"{c[max(tokens)] / c[min(tokens)]:.2f}" for c in curves.values())
-          + " |")
-    print("\nstreaming overhead at 1 token: " + ", ".join(
-        f"{name} +{1e3 * (curves[name][1] - curves['none'][1]):.2f} ms" for name in ("cpu", "disk", "disk-cold")
-        if 1 in curves[name]))
+    print(
+        "| 64 / 1 (1.00 = flat) | "
+        + " | ".join(f"{c[max(tokens)] / c[min(tokens)]:.2f}" for c in curves.values())
+        + " |"
+    )
+    print(
+        "\nstreaming overhead at 1 token: "
+        + ", ".join(
+            f"{name} +{1e3 * (curves[name][1] - curves['none'][1]):.2f} ms"
+            for name in ("cpu", "disk", "disk-cold")
+            if 1 in curves[name]
+        )
+    )
 
     # 2. decoding on the disk-streamed target: one target load for every drafter (same pass cost).
     target = load_target(args.target, offload=placements["disk"], resident_layers=k_res)
@@ -159,44 +201,77 @@ def main() -> int:
                 best[spec, tree] = (outs, s)
     ar_out, ar = best["ar", "chain"]
     ar_ms = per_round_ms(ar)
-    rows = [(spec, "-" if spec == "ar" else tree, best[spec, tree][1], best[spec, tree][0] == ar_out)
-            for spec, tree in configs]
-    print(f"\n## 2. disk-streamed target, {len(prompts)} prompts x {args.max_new_tokens} new tokens, greedy, "
-          f"fastest of {args.runs} round-robin runs\n")
-    print("| drafter | tree | tau | tok/s | speedup | speedup/tau | round / AR pass | draft ms/round "
-          "| verify ms/round | other ms/round | matches AR |\n|---|---|---|---|---|---|---|---|---|---|---|")
+    rows = [
+        (spec, "-" if spec == "ar" else tree, best[spec, tree][1], best[spec, tree][0] == ar_out)
+        for spec, tree in configs
+    ]
+    print(
+        f"\n## 2. disk-streamed target, {len(prompts)} prompts x {args.max_new_tokens} new tokens, greedy, "
+        f"fastest of {args.runs} round-robin runs\n"
+    )
+    print(
+        "| drafter | tree | tau | tok/s | speedup | speedup/tau | round / AR pass | draft ms/round "
+        "| verify ms/round | other ms/round | matches AR |\n|---|---|---|---|---|---|---|---|---|---|---|"
+    )
     results = []
     for spec, tree, s, same in rows:
         ms = per_round_ms(s)
         speed = s.tokens_per_s / ar.tokens_per_s
         name = spec if not spec.startswith("draft-model:") else "draft-model:<first 2 layers>"
-        print(f"| {name} | {tree} | {s.tau:.2f} | {s.tokens_per_s:.1f} | {speed:.2f} | {speed / s.tau:.2f} | "
-              f"{ms['round'] / ar_ms['round']:.2f} | {ms['draft']:.1f} | {ms['verify']:.1f} | {ms['other']:.1f} | "
-              f"{'yes' if same else 'NO'} |")
-        results.append({"drafter": name, "tree": tree, "speedup_vs_ar": speed, "matches_ar": same,
-                        "ms_per_round": ms, **s.summary()})
-    print(f"\nAR: {ar_ms['verify']:.1f} ms per target pass (verify), {ar_ms['other']:.1f} ms other per token. "
-          f"round / AR pass = a speculative round's wall time over one AR step's; speedup = tau / that, up to "
-          f"the prefill share. load average at end {os.getloadavg()[0]:.1f}")
+        print(
+            f"| {name} | {tree} | {s.tau:.2f} | {s.tokens_per_s:.1f} | {speed:.2f} | {speed / s.tau:.2f} | "
+            f"{ms['round'] / ar_ms['round']:.2f} | {ms['draft']:.1f} | {ms['verify']:.1f} | {ms['other']:.1f} | "
+            f"{'yes' if same else 'NO'} |"
+        )
+        results.append(
+            {
+                "drafter": name,
+                "tree": tree,
+                "speedup_vs_ar": speed,
+                "matches_ar": same,
+                "ms_per_round": ms,
+                **s.summary(),
+            }
+        )
+    print(
+        f"\nAR: {ar_ms['verify']:.1f} ms per target pass (verify), {ar_ms['other']:.1f} ms other per token. "
+        f"round / AR pass = a speculative round's wall time over one AR step's; speedup = tau / that, up to "
+        f"the prefill share. load average at end {os.getloadavg()[0]:.1f}"
+    )
 
     # 3. bytes/s of accelerate's disk path, on layers big enough for bytes to matter.
     wide = {}
     if args.wide_hidden:
         wcurves, streamed = wide_stream_rate(args.wide_hidden, work, k_res, args.repeats)
         extra = wcurves["disk-cold"][1] - wcurves["none"][1]
-        print(f"\n## 3. random 5-layer Llama, hidden {args.wide_hidden}: {streamed / 2**20:.1f} MiB streamed per pass "
-              f"(layers {k_res}-4)\n")
+        print(
+            f"\n## 3. random 5-layer Llama, hidden {args.wide_hidden}: {streamed / 2**20:.1f} MiB streamed per pass "
+            f"(layers {k_res}-4)\n"
+        )
         print("| verified tokens | " + " | ".join(wcurves) + " |\n|---|" + "---|" * len(wcurves))
         for n in (1, 64):
             print(f"| {n} | " + " | ".join(f"{1e3 * c[n]:.1f}" for c in wcurves.values()) + " |")
-        print(f"\ncold-disk streaming adds {1e3 * extra:.1f} ms per pass = {streamed / max(extra, 1e-9) / 1e9:.2f} GB/s "
-              f"effective (read + copy + hook); warm page cache: "
-              f"{streamed / max(wcurves['disk'][1] - wcurves['none'][1], 1e-9) / 1e9:.2f} GB/s")
-        wide = {"hidden": args.wide_hidden, "streamed_bytes": streamed,
-                "pass_cost_s": {k: {str(n): v for n, v in c.items()} for k, c in wcurves.items()}}
-    (out / "bench_streamed.json").write_text(json.dumps({"pass_cost_s": {k: {str(n): v for n, v in c.items()}
-                                                                          for k, c in curves.items()},
-                                                          "decode": results, "wide": wide}, indent=2) + "\n")
+        print(
+            f"\ncold-disk streaming adds {1e3 * extra:.1f} ms per pass = {streamed / max(extra, 1e-9) / 1e9:.2f} GB/s "
+            f"effective (read + copy + hook); warm page cache: "
+            f"{streamed / max(wcurves['disk'][1] - wcurves['none'][1], 1e-9) / 1e9:.2f} GB/s"
+        )
+        wide = {
+            "hidden": args.wide_hidden,
+            "streamed_bytes": streamed,
+            "pass_cost_s": {k: {str(n): v for n, v in c.items()} for k, c in wcurves.items()},
+        }
+    (out / "bench_streamed.json").write_text(
+        json.dumps(
+            {
+                "pass_cost_s": {k: {str(n): v for n, v in c.items()} for k, c in curves.items()},
+                "decode": results,
+                "wide": wide,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"wrote {out}/bench_streamed.json and pass_cost_*.json")
     shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -40,8 +40,11 @@ from train.features import compute_features
 from train.optim import Muon, muon_split
 
 REPO = Path(__file__).resolve().parents[1]
-MODULES = {"eagle3": "drafters.trainable.eagle3", "medusa": "drafters.trainable.medusa",
-           "layerskip": "drafters.trainable.layerskip.objective"}
+MODULES = {
+    "eagle3": "drafters.trainable.eagle3",
+    "medusa": "drafters.trainable.medusa",
+    "layerskip": "drafters.trainable.layerskip.objective",
+}
 
 
 @torch.no_grad()
@@ -49,12 +52,14 @@ def argmax_before(batch: dict, lm_head: torch.nn.Linear, num_layers: int, budget
     """The previous teacher_argmax: row chunks [B, c, H] of the batch through the whole head."""
     h = batch["hidden"][num_layers]
     chunk = losses.chunk_rows(h.shape[0], lm_head.weight.shape[0], budget)
-    return torch.cat([lm_head(h[:, a: a + chunk].to(lm_head.weight.dtype)).argmax(-1)
-                      for a in range(0, h.shape[1], chunk)], 1)
+    return torch.cat(
+        [lm_head(h[:, a : a + chunk].to(lm_head.weight.dtype)).argmax(-1) for a in range(0, h.shape[1], chunk)], 1
+    )
 
 
-def probs_before(batch: dict, lm_head: torch.nn.Linear, num_layers: int, start: int, stop: int,
-                 vocab_ids=None, rows=None):
+def probs_before(
+    batch: dict, lm_head: torch.nn.Linear, num_layers: int, start: int, stop: int, vocab_ids=None, rows=None
+):
     """The previous teacher_probs (hidden-state source): F.linear on the [B, c, H] row slice."""
     h = batch["hidden"][num_layers]
     end = min(stop, h.shape[1])
@@ -74,14 +79,19 @@ def variants(kind: str) -> dict[str, Callable[[], None]]:
     def use(argmax, probs):
         mod.teacher_argmax, losses.teacher_probs = argmax, probs
 
-    return {"before": lambda: use(argmax_before, probs_before), "blocked": lambda: use(new_argmax, new_probs),
-            "cached": lambda: use(new_argmax, new_probs)}
+    return {
+        "before": lambda: use(argmax_before, probs_before),
+        "blocked": lambda: use(new_argmax, new_probs),
+        "cached": lambda: use(new_argmax, new_probs),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default=str(REPO / "recipes/targets/smollm2-135m-instruct"))
-    ap.add_argument("--recipes", default=str(REPO / "recipes/smollm2-135m"), help="the drafters' settings come from here")
+    ap.add_argument(
+        "--recipes", default=str(REPO / "recipes/smollm2-135m"), help="the drafters' settings come from here"
+    )
     ap.add_argument("--kinds", default="eagle3,medusa,layerskip")
     ap.add_argument("--seqs", type=int, default=4)
     ap.add_argument("--seq-len", type=int, default=300)
@@ -102,8 +112,13 @@ def main(argv: list[str] | None = None) -> int:
     kinds = args.kinds.split(",")
     configs = {k: getattr(load_recipe(Path(args.recipes) / f"{k}.yaml").drafter, k) for k in kinds}
     hidden_ids = sorted({i for cfg in configs.values() for i in cfg.feature_ids(L)})
-    cached = {"input_ids": ids, "attention_mask": am, "position_ids": torch.arange(args.seq_len).expand(args.seqs, -1),
-              "loss_mask": mask, **compute_features(target, ids, am, hidden_ids)}
+    cached = {
+        "input_ids": ids,
+        "attention_mask": am,
+        "position_ids": torch.arange(args.seq_len).expand(args.seqs, -1),
+        "loss_mask": mask,
+        **compute_features(target, ids, am, hidden_ids),
+    }
     scored = {k: v for k, v in cached.items() if k != "argmax"}
     print(f"{args.target}, {args.dtype}, {args.threads} thread(s); {args.seqs} x {args.seq_len} tokens a step")
     print(f"{'drafter':<10} {'variant':<8} {'ms/step':>9} {'vs before':>9} {'loss':>12}")
@@ -141,8 +156,10 @@ def muon_rows(kind: str, drafter: torch.nn.Module, steps: int) -> None:
         return
     cfg = TrainConfig()
     kw = dict(lr=cfg.lr, weight_decay=cfg.weight_decay, adjust_lr_fn="match_rms_adamw")
-    opts = {"torch Muon (bf16 Newton-Schulz)": torch.optim.Muon(params, **kw),
-            "fp32 Newton-Schulz (train.optim.Muon)": Muon(params, ns_dtype=torch.float32, **kw)}
+    opts = {
+        "torch Muon (bf16 Newton-Schulz)": torch.optim.Muon(params, **kw),
+        "fp32 Newton-Schulz (train.optim.Muon)": Muon(params, ns_dtype=torch.float32, **kw),
+    }
     for p in params:
         p.grad = torch.randn_like(p) * 1e-3
     times: dict[str, list[float]] = {k: [] for k in opts}

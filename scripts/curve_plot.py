@@ -38,8 +38,11 @@ def plot(points: list[dict], shapes: list[str], path: Path) -> None:
         ax.axhline(1.0, color="black", lw=0.8)
     axes[2].axhline(FIELD["by_depth"][1] / FIELD["by_depth"][0], color="grey", ls="--", label="speculators 5k-sample")
     axes[2].axhline(0.25, color="red", ls=":", label="issue 19's aim (0.25)")
-    for ax, xl, yl in [(axes[0], "optimizer steps", "τ (tokens per target pass)"),
-                       (axes[1], "trained tokens", "τ"), (axes[2], "optimizer steps", "depth-2 / depth-1 (chain 8)")]:
+    for ax, xl, yl in [
+        (axes[0], "optimizer steps", "τ (tokens per target pass)"),
+        (axes[1], "trained tokens", "τ"),
+        (axes[2], "optimizer steps", "depth-2 / depth-1 (chain 8)"),
+    ]:
         ax.set_xscale("log")
         ax.set_xlabel(xl)
         ax.set_ylabel(yl)
@@ -67,18 +70,30 @@ def plot_levers(points: list[dict], shapes: list[str], path: Path) -> None:
     for p in sorted(points, key=lambda p: p["step"]):
         last[p["run"]] = p
     rows = sorted(last.values(), key=lambda p: p.get("lever") != "(base)")  # the base on top
-    labels = [(f"base: {p['run']}" if p.get("lever") == "(base)" else p.get("lever", p["run"])) + f" (step {p['step']})"
-              for p in rows]
-    fig, axes = plt.subplots(1, len(shapes), figsize=(5.5 * len(shapes), 0.5 * len(rows) + 1.4),
-                             sharey=True, constrained_layout=True, squeeze=False)
+    labels = [
+        (f"base: {p['run']}" if p.get("lever") == "(base)" else p.get("lever", p["run"])) + f" (step {p['step']})"
+        for p in rows
+    ]
+    fig, axes = plt.subplots(
+        1,
+        len(shapes),
+        figsize=(5.5 * len(shapes), 0.5 * len(rows) + 1.4),
+        sharey=True,
+        constrained_layout=True,
+        squeeze=False,
+    )
     base_pt = next((p for p in rows if p.get("lever") == "(base)"), None)
     for ax, shape in zip(axes[0], shapes):
         taus = [p["shapes"][shape]["tau"] for p in rows]
         colors = ["grey" if p.get("lever") == "(base)" else "C0" for p in rows]
         # whiskers: the paired difference's standard error over prompts (does the lever move τ at all?)
         ref = (base_pt or {}).get("shapes", {}).get(shape, {}).get("per_prompt") or []
-        errs = [paired_delta(pp, ref)[1] if p is not base_pt and (pp := p["shapes"][shape].get("per_prompt"))
-                and len(pp) == len(ref) > 1 else 0.0 for p in rows]
+        errs = [
+            paired_delta(pp, ref)[1]
+            if p is not base_pt and (pp := p["shapes"][shape].get("per_prompt")) and len(pp) == len(ref) > 1
+            else 0.0
+            for p in rows
+        ]
         ax.barh(range(len(rows)), taus, color=colors, xerr=errs, capsize=3)
         for i, (t, e) in enumerate(zip(taus, errs)):
             ax.text(t + e, i, f" {t:.3f}", va="center", fontsize=8)
@@ -88,8 +103,9 @@ def plot_levers(points: list[dict], shapes: list[str], path: Path) -> None:
         ax.set_xlim(1.0, max(taus) * 1.08)
         ax.set_title(f"τ {shape}")
         ax.grid(axis="x", alpha=0.3)
-    fig.supxlabel("τ (dashed: the base run); whiskers: ± SE of the paired τ difference to the base, over prompts",
-                  fontsize=8)
+    fig.supxlabel(
+        "τ (dashed: the base run); whiskers: ± SE of the paired τ difference to the base, over prompts", fontsize=8
+    )
     axes[0][0].set_yticks(range(len(rows)), labels, fontsize=8)
     axes[0][0].invert_yaxis()
     fig.savefig(path, dpi=110)

@@ -17,11 +17,25 @@ import torch
 from train.config import Recipe, to_dict
 
 # Settings that say where and how often a run reports, not what it trains: not a lever.
-BOOKKEEPING = ("run_dir", "name", "train.save_every", "train.keep_checkpoints", "train.log_every", "train.report_to",
-               "train.eval_every", "train.eval_batches", "train.threads", "train.sim_")
+BOOKKEEPING = (
+    "run_dir",
+    "name",
+    "train.save_every",
+    "train.keep_checkpoints",
+    "train.log_every",
+    "train.report_to",
+    "train.eval_every",
+    "train.eval_batches",
+    "train.threads",
+    "train.sim_",
+)
 # The field's small-budget reference (speculators' EAGLE-3 examples: 5k samples x 5 epochs on 8B targets,
 # 3 draft tokens): tau 1.45-1.49, acceptance by position ~0.35 / 0.10 / 0.02 (issue 19's survey).
-FIELD = {"label": "speculators EAGLE-3, 5k samples x 5 epochs, k=3", "tau": (1.45, 1.49), "by_depth": (0.35, 0.10, 0.02)}
+FIELD = {
+    "label": "speculators EAGLE-3, 5k samples x 5 epochs, k=3",
+    "tau": (1.45, 1.49),
+    "by_depth": (0.35, 0.10, 0.02),
+}
 
 
 def read_references(paths: list[str]) -> list[dict]:
@@ -35,6 +49,7 @@ def read_references(paths: list[str]) -> list[dict]:
 
 
 # --- levers: what a run changes against the base run ----------------------------------------------------
+
 
 def flatten(config: dict, prefix: str = "") -> dict[str, object]:
     """A nested config as {dotted.key: value} (the form of the CLI's overrides)."""
@@ -51,15 +66,22 @@ def lever(config: dict, base: dict) -> str:
     has counts unless it holds the schema's default there (a config written before the key existed ran at it)."""
     defaults = flatten(to_dict(Recipe(target="")))
     a, b = flatten(config), flatten(base)
-    a, b = {**{k: v for k, v in defaults.items() if k in b}, **a}, {**{k: v for k, v in defaults.items() if k in a}, **b}
+    a, b = (
+        {**{k: v for k, v in defaults.items() if k in b}, **a},
+        {**{k: v for k, v in defaults.items() if k in a}, **b},
+    )
     kind, base_kind = a.get("drafter.kind"), b.get("drafter.kind")
     sections = (f"drafter.{kind}.", f"drafter.{base_kind}.") if kind != base_kind else ()
-    diff = [f"{k}={a.get(k)}" + (f" (its drafter.{kind} section)" if k == "drafter.kind" else "")
-            for k in sorted(a.keys() | b.keys()) if a.get(k) != b.get(k) and not k.startswith(BOOKKEEPING + sections)]
+    diff = [
+        f"{k}={a.get(k)}" + (f" (its drafter.{kind} section)" if k == "drafter.kind" else "")
+        for k in sorted(a.keys() | b.keys())
+        if a.get(k) != b.get(k) and not k.startswith(BOOKKEEPING + sections)
+    ]
     return ", ".join(diff) or "(base)"
 
 
 # --- statistics of a point ---------------------------------------------------------------------------------
+
 
 def ratio(by_depth: list[float]) -> float | None:
     """depth-2 / depth-1 acceptance: how much of the depth-1 acceptance survives one more draft step."""
@@ -92,13 +114,19 @@ def delta_text(p: dict, points: list[dict], shapes: list[str]) -> str:
 
 # --- the table ---------------------------------------------------------------------------------------------
 
+
 def write_table(points: list[dict], shapes: list[str], path: Path) -> str:
     """The markdown table of every point, run by run in step order (with levers: what each run changes and its
     paired τ difference to the base run)."""
     levers = any("lever" in p for p in points)
-    head = "| run | " + ("changes (vs the base run) | " if levers else "") + "step | trained tokens | " + \
-        " | ".join(f"τ {s}" for s in shapes) + " | chain-8 acceptance by depth 1–3 | depth-2 / depth-1 |" + \
-        (" Δ τ vs base (paired, ± SE over prompts) |" if levers else "")
+    head = (
+        "| run | "
+        + ("changes (vs the base run) | " if levers else "")
+        + "step | trained tokens | "
+        + " | ".join(f"τ {s}" for s in shapes)
+        + " | chain-8 acceptance by depth 1–3 | depth-2 / depth-1 |"
+        + (" Δ τ vs base (paired, ± SE over prompts) |" if levers else "")
+    )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for p in sorted(points, key=lambda p: (p["run"], p["step"])):
         c8 = p["shapes"].get("chain-8", {}).get("by_depth", [])
@@ -106,14 +134,19 @@ def write_table(points: list[dict], shapes: list[str], path: Path) -> str:
         tok = f"{p['trained_tokens']:,}" if p.get("trained_tokens") else "-"
         changes = f"{p.get('lever', '-')} | " if levers else ""
         name = p["run"] + (f" (from {Path(p['reference']).name})" if p.get("reference") else "")
-        lines.append(f"| {name} | {changes}{p['step']} | {tok} | " + " | ".join(f"{p['shapes'][s]['tau']:.3f}" for s in shapes)
-                     + f" | {', '.join(f'{a:.3f}' for a in c8[:3])} | {'-' if r is None else f'{r:.2f}'} |"
-                     + (f" {delta_text(p, points, shapes)} |" if levers else ""))
+        lines.append(
+            f"| {name} | {changes}{p['step']} | {tok} | "
+            + " | ".join(f"{p['shapes'][s]['tau']:.3f}" for s in shapes)
+            + f" | {', '.join(f'{a:.3f}' for a in c8[:3])} | {'-' if r is None else f'{r:.2f}'} |"
+            + (f" {delta_text(p, points, shapes)} |" if levers else "")
+        )
     lo, hi = FIELD["tau"]
     taus = [f"τ {lo}–{hi} (k=3)"] + [""] * (len(shapes) - 1)  # under the first τ column, whatever the shapes
-    lines.append(f"| *{FIELD['label']}* | {'| ' if levers else ''}| | " + " | ".join(taus) + " | "
-                 f"{', '.join(str(a) for a in FIELD['by_depth'])} | {FIELD['by_depth'][1] / FIELD['by_depth'][0]:.2f} |"
-                 + (" |" if levers else ""))
+    lines.append(
+        f"| *{FIELD['label']}* | {'| ' if levers else ''}| | " + " | ".join(taus) + " | "
+        f"{', '.join(str(a) for a in FIELD['by_depth'])} | {FIELD['by_depth'][1] / FIELD['by_depth'][0]:.2f} |"
+        + (" |" if levers else "")
+    )
     text = "\n".join(lines) + "\n"
     path.write_text(text)
     return text

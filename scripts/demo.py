@@ -31,8 +31,14 @@ def sh(*cmd: str) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="runs/demo")
-    ap.add_argument("--steps", type=int, nargs=3, default=[300, 300, 600], metavar=("LAYERSKIP", "MEDUSA", "EAGLE3"),
-                    help="training steps per drafter")
+    ap.add_argument(
+        "--steps",
+        type=int,
+        nargs=3,
+        default=[300, 300, 600],
+        metavar=("LAYERSKIP", "MEDUSA", "EAGLE3"),
+        help="training steps per drafter",
+    )
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--skip-train", action="store_true", help="reuse the drafters already in --out")
     args = ap.parse_args()
@@ -43,27 +49,60 @@ def main() -> int:
     kinds = dict(zip(["layerskip", "medusa", "eagle3"], args.steps))
     if not args.skip_train:
         for kind, steps in kinds.items():
-            sh("-m", "train", f"recipes/stories260K/{kind}.yaml", f"run_dir={out / kind}", "features.mode=online",
-               f"train.steps={steps}", "train.eval_every=0", "train.save_every=0", "train.log_every=50")
+            sh(
+                "-m",
+                "train",
+                f"recipes/stories260K/{kind}.yaml",
+                f"run_dir={out / kind}",
+                "features.mode=online",
+                f"train.steps={steps}",
+                "train.eval_every=0",
+                "train.save_every=0",
+                "train.log_every=50",
+            )
     t_train = time.perf_counter() - t0
 
     # 2. export EAGLE-3 to the SGLang layout and evaluate the imported copy too
-    drafters = ["early-exit:1", "early-exit:2", f"early-exit:2@{TREE}", "prompt-lookup",
-                f"{out / 'layerskip/export'}", f"{out / 'medusa/export'}", f"{out / 'medusa/export'}@{TREE}",
-                f"{out / 'eagle3/export'}", f"{out / 'eagle3/export'}@{TREE}"]
+    drafters = [
+        "early-exit:1",
+        "early-exit:2",
+        f"early-exit:2@{TREE}",
+        "prompt-lookup",
+        f"{out / 'layerskip/export'}",
+        f"{out / 'medusa/export'}",
+        f"{out / 'medusa/export'}@{TREE}",
+        f"{out / 'eagle3/export'}",
+        f"{out / 'eagle3/export'}@{TREE}",
+    ]
     sh("-m", "drafters.export", str(out / "eagle3"), "--format", "eagle3", "--out", str(out / "eagle3-sglang"))
     drafters.append(f"{out / 'eagle3-sglang'}@{TREE}")
 
     # 3. evaluate everything on the same prompts
     # float32: the demo's table says every row matches AR, which only fp32 holds token for token (bf16 can
     # leave AR at near-ties); `--dtype auto` would pick bf16 on hardware that has it
-    cmd = ["-m", "decode.harness.evaluate", "--target", TARGET, "--prompts", "recipes/prompts/stories_dev.txt",
-           "--max-new-tokens", str(args.max_new_tokens), "--threads", "1", "--dtype", "float32", "--out", str(out)]
+    cmd = [
+        "-m",
+        "decode.harness.evaluate",
+        "--target",
+        TARGET,
+        "--prompts",
+        "recipes/prompts/stories_dev.txt",
+        "--max-new-tokens",
+        str(args.max_new_tokens),
+        "--threads",
+        "1",
+        "--dtype",
+        "float32",
+        "--out",
+        str(out),
+    ]
     for d in drafters:
         cmd += ["--drafter", d]
     sh(*cmd)
-    print(f"\ndemo: training {t_train / 60:.1f} min, total {(time.perf_counter() - t0) / 60:.1f} min; "
-          f"report in {out / 'report.md'}")
+    print(
+        f"\ndemo: training {t_train / 60:.1f} min, total {(time.perf_counter() - t0) / 60:.1f} min; "
+        f"report in {out / 'report.md'}"
+    )
     return 0
 
 

@@ -55,9 +55,11 @@ def main(argv: list[str] | None = None) -> int:
             c += torch.bincount(torch.tensor(ids[: args.max_length], dtype=torch.long), minlength=V)
         counts.append(c)
     seqs = answers
-    print(f"{args.target}: vocabulary {V}; counted on {cut} conversations ({int(counts[0].sum())} assistant tokens), "
-          f"coverage measured on {len(seqs) - cut} held-out ones ({int(counts[1].sum())} assistant tokens); "
-          f"{int((counts[0] > 0).sum())} distinct tokens seen in training")
+    print(
+        f"{args.target}: vocabulary {V}; counted on {cut} conversations ({int(counts[0].sum())} assistant tokens), "
+        f"coverage measured on {len(seqs) - cut} held-out ones ({int(counts[1].sum())} assistant tokens); "
+        f"{int((counts[0] > 0).sum())} distinct tokens seen in training"
+    )
     print(f"{'draft vocab':>11} {'held-out coverage':>18} {'train coverage':>15}")
     for n in args.sizes:
         print(f"{n:>11} {coverage(counts[0], counts[1], n):>18.4f} {coverage(counts[0], counts[0], n):>15.4f}")

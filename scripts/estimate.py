@@ -35,9 +35,14 @@ def drafters(target) -> dict[str, torch.nn.Module]:
     from drafters.trainable.medusa import Medusa
 
     L = target.num_layers  # the drafters follow the target's (meta) device
-    return {"eagle3": Eagle3(target), "eagle1": Eagle1(target), "medusa": Medusa(target),
-            "layerskip": LayerSkip(target, LayerSkipConfig(draft_exit=L // 5, exits=tuple(range(2, L, 2)),
-                                                           adapter_rank=64))}
+    return {
+        "eagle3": Eagle3(target),
+        "eagle1": Eagle1(target),
+        "medusa": Medusa(target),
+        "layerskip": LayerSkip(
+            target, LayerSkipConfig(draft_exit=L // 5, exits=tuple(range(2, L, 2)), adapter_rank=64)
+        ),
+    }
 
 
 def main() -> None:
@@ -53,10 +58,16 @@ def main() -> None:
     n_target = sum(p.numel() for p in target.model.parameters())
     H, V, L = target.hidden_size, target.vocab_size, target.num_layers
     tokens = args.seq * args.batch
-    print(f"target: {L} layers, hidden {H}, vocab {V}, {n_target / 1e9:.2f}B params = {2 * n_target / GiB:.1f} GiB bf16")
-    print(f"(estimates) {args.batch} x {args.seq} tokens per micro-batch; time at {args.mfu:.0%} of {args.tflops:.0f} TFLOP/s")
-    print(f"{'kind':<10}{'trainable':>12}{'weights+grads+adam':>20}{'logits act.':>13}{'online target':>15}"
-          f"{'GFLOP/token':>13}{'GPU-h/epoch online':>20}")
+    print(
+        f"target: {L} layers, hidden {H}, vocab {V}, {n_target / 1e9:.2f}B params = {2 * n_target / GiB:.1f} GiB bf16"
+    )
+    print(
+        f"(estimates) {args.batch} x {args.seq} tokens per micro-batch; time at {args.mfu:.0%} of {args.tflops:.0f} TFLOP/s"
+    )
+    print(
+        f"{'kind':<10}{'trainable':>12}{'weights+grads+adam':>20}{'logits act.':>13}{'online target':>15}"
+        f"{'GFLOP/token':>13}{'GPU-h/epoch online':>20}"
+    )
     for kind, mod in drafters(target).items():
         n = sum(p.numel() for p in mod.parameters() if p.requires_grad)
         state = n * (4 + 4 + 8)  # fp32 weights, grads, Adam m and v
@@ -66,8 +77,10 @@ def main() -> None:
         flops_train = 6 * n * steps  # forward + backward through the drafter, per unrolled step
         flops_target = 2 * n_target  # one frozen target forward per token (online mode)
         gpu_h = args.tokens * (flops_train + flops_target) / (args.tflops * 1e12 * args.mfu) / 3600
-        print(f"{kind:<10}{n / 1e6:>10.0f}M{state / GiB:>18.1f} G{logits / GiB:>11.1f} G{2 * n_target / GiB:>13.1f} G"
-              f"{(flops_train + flops_target) / 1e9:>13.1f}{gpu_h:>20.1f}")
+        print(
+            f"{kind:<10}{n / 1e6:>10.0f}M{state / GiB:>18.1f} G{logits / GiB:>11.1f} G{2 * n_target / GiB:>13.1f} G"
+            f"{(flops_train + flops_target) / 1e9:>13.1f}{gpu_h:>20.1f}"
+        )
 
 
 if __name__ == "__main__":

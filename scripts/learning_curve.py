@@ -72,8 +72,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", help="training run directories (checkpoints kept at the curve's steps)")
     ap.add_argument("--out", required=True, help="points.jsonl, curve.md and curve.png go here")
-    ap.add_argument("--steps", default="", help="comma-separated steps to evaluate where a run saved them "
-                                                "(default: every saved one)")
+    ap.add_argument(
+        "--steps",
+        default="",
+        help="comma-separated steps to evaluate where a run saved them (default: every saved one)",
+    )
     ap.add_argument("--prompts", default=str(MT_BENCH), help="a prompt file (decode.harness.prompts forms)")
     ap.add_argument("--per-category", type=int, default=2, help="first N conversations of each category")
     ap.add_argument("--max-new-tokens", type=int, default=64)
@@ -81,11 +84,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--tree", default="dynamic:topk=8,depth=6,nodes=24")
     ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--base", default="", help="a run directory, or the name of a --reference run: label each run "
-                                               "with the settings it changes against this one (a lever ablation)")
-    ap.add_argument("--reference", action="append", default=[], metavar="POINTS",
-                    help="an earlier points.jsonl (e.g. a committed one) whose points join the table and plots; "
-                         "repeatable. For an ablation against another run, trained earlier on the same data")
+    ap.add_argument(
+        "--base",
+        default="",
+        help="a run directory, or the name of a --reference run: label each run "
+        "with the settings it changes against this one (a lever ablation)",
+    )
+    ap.add_argument(
+        "--reference",
+        action="append",
+        default=[],
+        metavar="POINTS",
+        help="an earlier points.jsonl (e.g. a committed one) whose points join the table and plots; "
+        "repeatable. For an ablation against another run, trained earlier on the same data",
+    )
     return ap.parse_args(argv)
 
 
@@ -101,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     # 1. what to evaluate, and what an earlier run of this script already did.
     plan = []
     for run in map(Path, args.runs):
-        saved = [int(p.name[len(CKPT_PREFIX):]) for p in checkpoints(run)]
+        saved = [int(p.name[len(CKPT_PREFIX) :]) for p in checkpoints(run)]
         if not saved:
             print(f"error: {run}: no checkpoints (train with train.keep_checkpoints large enough)", file=sys.stderr)
             return 2
@@ -118,8 +130,11 @@ def main(argv: list[str] | None = None) -> int:
     target = Target.load(run_target(Path(args.runs[0])), dtype=args.dtype)
     ids = prompts(target, convs)
     todo = sum((run.name, step) not in done for run, step in plan)
-    print(f"{todo} of {len(plan)} points to decode ({len(points)} read), {len(convs)} prompts x "
-          f"{args.max_new_tokens} tokens, {target.dtype}, shapes {shapes}", file=sys.stderr)
+    print(
+        f"{todo} of {len(plan)} points to decode ({len(points)} read), {len(convs)} prompts x "
+        f"{args.max_new_tokens} tokens, {target.dtype}, shapes {shapes}",
+        file=sys.stderr,
+    )
     for run, step in plan:
         if (run.name, step) in done:
             continue
@@ -127,19 +142,24 @@ def main(argv: list[str] | None = None) -> int:
         points.append(point)
         with log.open("a") as f:
             f.write(json.dumps(point) + "\n")
-        print(f"{run.name} step {step}: " + ", ".join(f"{k} {v['tau']:.3f}" for k, v in point["shapes"].items()),
-              file=sys.stderr)
+        print(
+            f"{run.name} step {step}: " + ", ".join(f"{k} {v['tau']:.3f}" for k, v in point["shapes"].items()),
+            file=sys.stderr,
+        )
     # 3. the table and the figure.
     print(write_table(points, list(shapes), out / "curve.md"))
     plot(points, list(shapes), out / "curve.png")
     if base is not None:
         plot_levers([p for p in points if "lever" in p], list(shapes), out / "levers.png")
-    print(f"wrote {out / 'curve.md'} and {out / 'curve.png'}" + (" and levers.png" if base is not None else ""),
-          file=sys.stderr)
+    print(
+        f"wrote {out / 'curve.md'} and {out / 'curve.png'}" + (" and levers.png" if base is not None else ""),
+        file=sys.stderr,
+    )
     return 0
 
 
 # --- step 1: the plan and the points already known ---------------------------------------------------------
+
 
 def pick_steps(available: list[int], wanted: list[int] | None) -> list[int]:
     """The steps to evaluate: those of `wanted` this run saved (several runs may share one list), or every
@@ -220,6 +240,7 @@ def run_target(run: Path) -> str:
 
 # --- step 2: decoding --------------------------------------------------------------------------------------
 
+
 def prompts(target: Target, convs: list[Conversation]) -> list[torch.Tensor]:
     """Each conversation's first turn, rendered with the target's chat template. Each [1, T]."""
     out = []
@@ -229,8 +250,16 @@ def prompts(target: Target, convs: list[Conversation]) -> list[torch.Tensor]:
     return out
 
 
-def evaluate_point(run: Path, step: int, target: Target, ids: list[torch.Tensor], shapes: dict[str, str],
-                   draft_len_of: dict[str, int], args: argparse.Namespace, base: dict | None) -> dict:
+def evaluate_point(
+    run: Path,
+    step: int,
+    target: Target,
+    ids: list[torch.Tensor],
+    shapes: dict[str, str],
+    draft_len_of: dict[str, int],
+    args: argparse.Namespace,
+    base: dict | None,
+) -> dict:
     """One point: the run's drafter at `step` (a native snapshot) decoded on every prompt in every shape, with
     the run's config and what the point was measured under."""
     snap = snapshot(run, step, run / "snapshots" / f"{CKPT_PREFIX}{step}", target)
@@ -238,13 +267,27 @@ def evaluate_point(run: Path, step: int, target: Target, ids: list[torch.Tensor]
     t = Target.load(run_target(run), dtype=args.dtype) if uses_lora(load_recipe(run / "config.yaml")) else target
     res = decode_point(t, snap, ids, shapes, args.max_new_tokens, draft_len_of)
     config = yaml_of(run)  # stored: the points file describes its runs, and a later --reference reads it
-    return {"run": run.name, "step": step, "trained_tokens": trained_tokens(run, step), "shapes": res,
-            "config": config, **({"lever": lever(config, base)} if base is not None else {}),
-            "prompts": len(ids), "max_new_tokens": args.max_new_tokens, "dtype": str(target.dtype)}
+    return {
+        "run": run.name,
+        "step": step,
+        "trained_tokens": trained_tokens(run, step),
+        "shapes": res,
+        "config": config,
+        **({"lever": lever(config, base)} if base is not None else {}),
+        "prompts": len(ids),
+        "max_new_tokens": args.max_new_tokens,
+        "dtype": str(target.dtype),
+    }
 
 
-def decode_point(target: Target, drafter_dir: Path, ids: list[torch.Tensor], shapes: dict[str, str],
-                 max_new_tokens: int, draft_len_of: dict[str, int]) -> dict[str, dict]:
+def decode_point(
+    target: Target,
+    drafter_dir: Path,
+    ids: list[torch.Tensor],
+    shapes: dict[str, str],
+    max_new_tokens: int,
+    draft_len_of: dict[str, int],
+) -> dict[str, dict]:
     """τ and acceptance by depth of one drafter for each named shape, over all prompts (greedy)."""
     drafter = make_drafter(str(drafter_dir), target)
     out = {}
@@ -255,8 +298,12 @@ def decode_point(target: Target, drafter_dir: Path, ids: list[torch.Tensor], sha
             stats = generate(target, drafter, x, max_new_tokens, SamplingConfig(), shape).stats
             total = total.merge(stats)
             per_prompt.append(stats.tau)
-        out[name] = {"tau": total.tau, "by_depth": total.acceptance_by_depth, "new_tokens": total.new_tokens,
-                     "per_prompt": per_prompt}
+        out[name] = {
+            "tau": total.tau,
+            "by_depth": total.acceptance_by_depth,
+            "new_tokens": total.new_tokens,
+            "per_prompt": per_prompt,
+        }
     return out
 
 

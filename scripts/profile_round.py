@@ -50,9 +50,11 @@ def phase_row(name: str, stats: list[GenStats]) -> str:
     rounds = tot.rounds or 1
     ms = [1000 * x / rounds for x in (tot.draft_s, tot.verify_s, tot.commit_s)]
     other = 1000 * (tot.wall_s - tot.prefill_s - tot.draft_s - tot.verify_s - tot.commit_s) / rounds
-    return (f"{name:<44} {tot.rounds:>6} {ms[0]:>8.1f} {ms[1]:>8.1f} {ms[2]:>8.1f} {other:>7.1f} "
-            f"{1000 * tot.prefill_s / len(stats):>8.0f} {tot.draft_nodes / rounds + 1:>8.1f} {tot.tau:>5.2f} "
-            f"{tot.tokens_per_s:>7.1f}")
+    return (
+        f"{name:<44} {tot.rounds:>6} {ms[0]:>8.1f} {ms[1]:>8.1f} {ms[2]:>8.1f} {other:>7.1f} "
+        f"{1000 * tot.prefill_s / len(stats):>8.0f} {tot.draft_nodes / rounds + 1:>8.1f} {tot.tau:>5.2f} "
+        f"{tot.tokens_per_s:>7.1f}"
+    )
 
 
 @torch.inference_mode()
@@ -104,8 +106,15 @@ def linear_costs(target: Target, rows: tuple[int, ...], repeats: int = 5) -> lis
                 if r >= 2:  # the first pair warms up
                     sweeps[kind].append((time.perf_counter() - t0) / len(ws))
             hot, streamed = statistics.median(sweeps["hot"]), statistics.median(sweeps["streamed"])
-            out.append((f"{o} x {i} ({len(ws)})", n, 1e6 * hot, 1e6 * streamed,
-                        ws[0].numel() * ws[0].element_size() / streamed / 1e9))
+            out.append(
+                (
+                    f"{o} x {i} ({len(ws)})",
+                    n,
+                    1e6 * hot,
+                    1e6 * streamed,
+                    ws[0].numel() * ws[0].element_size() / streamed / 1e9,
+                )
+            )
     return out
 
 
@@ -130,12 +139,16 @@ def main(argv: list[str] | None = None) -> int:
     runners = [(s, make_run(s, target, cfg)) for s in args.specs]
     convs = load_prompts(args.prompts, args.limit)
     prompts = [encode_prompt(target, *render_turn(target.tokenizer, c.turns, [])) for c in convs]
-    print(f"{args.target}, {args.dtype}, {args.threads} thread(s); {len(prompts)} prompts x {args.max_new_tokens} "
-          f"new tokens, greedy, chain k={cfg.draft_len} unless @tree")
+    print(
+        f"{args.target}, {args.dtype}, {args.threads} thread(s); {len(prompts)} prompts x {args.max_new_tokens} "
+        f"new tokens, greedy, chain k={cfg.draft_len} unless @tree"
+    )
 
     # 1. phase split from the decoder's clocks (one warm-up generation first).
-    print(f"\n{'ms per round':<44} {'rounds':>6} {'draft':>8} {'verify':>8} {'commit':>8} {'other':>7} "
-          f"{'prefill':>8} {'tok/pass':>7} {'tau':>5} {'tok/s':>7}")
+    print(
+        f"\n{'ms per round':<44} {'rounds':>6} {'draft':>8} {'verify':>8} {'commit':>8} {'other':>7} "
+        f"{'prefill':>8} {'tok/pass':>7} {'tau':>5} {'tok/s':>7}"
+    )
     for spec, r in runners:
         r.run(prompts[0], 8, cfg.sampling, 0)
         stats = [r.run(p, args.max_new_tokens, cfg.sampling, 0).stats for p in prompts]
@@ -162,9 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     for spec, r in runners:
         with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
             r.run(prompts[0], args.max_new_tokens, cfg.sampling, 0)
-        table = prof.key_averages(group_by_input_shape=True).table(sort_by="self_cpu_time_total",
-                                                                   row_limit=args.top, max_name_column_width=28,
-                                                                   max_shapes_column_width=60)
+        table = prof.key_averages(group_by_input_shape=True).table(
+            sort_by="self_cpu_time_total", row_limit=args.top, max_name_column_width=28, max_shapes_column_width=60
+        )
         print(f"\n{spec}: top {args.top} ops by self CPU time over one {args.max_new_tokens}-token generation\n{table}")
     return 0
 

@@ -51,13 +51,16 @@ Case = Callable[[Path, Path], tuple[list[str], str]]
 
 def registrar(table: dict[str, Case]) -> Callable[[Case], Case]:
     """A decorator that files a case's build function in `table` under the function's name."""
+
     def case(fn: Case) -> Case:
         table[fn.__name__] = fn
         return fn
+
     return case
 
 
 # --- shared inputs (built once; cases copy what they damage) ------------------------------------
+
 
 @pytest.fixture(scope="session", name="base")
 def base_fixture(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -77,10 +80,12 @@ def build_base(session_tmp: Path) -> Path:
     root.mkdir()
     shutil.copytree(STORIES, root / "target")
     torch.manual_seed(0)
-    save_drafter(new_drafter("eagle1", Target.load(root / "target"), {}), root / "eagle1",
-                 target_id=str(root / "target"))
-    stories = [" ".join(["Tom had a red ball and he liked to play with it in the park."] * (1 + i % 3))
-               for i in range(24)]
+    save_drafter(
+        new_drafter("eagle1", Target.load(root / "target"), {}), root / "eagle1", target_id=str(root / "target")
+    )
+    stories = [
+        " ".join(["Tom had a red ball and he liked to play with it in the park."] * (1 + i % 3)) for i in range(24)
+    ]
     (root / "data.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in stories))
     (root / "recipe.yaml").write_text(f"target: {root / 'target'}\n")
     assert draftsmith(["features", str(root / "recipe.yaml"), *train_overrides(root, root / "run")]) == 0
@@ -91,20 +96,44 @@ def build_base(session_tmp: Path) -> Path:
 
 def train_overrides(base: Path, run_dir: Path, **extra: str) -> list[str]:
     """A 2-step eagle1 recipe on data.jsonl (offline features, a checkpoint at step 2)."""
-    kw = {"run_dir": str(run_dir), "data.source": str(base / "data.jsonl"), "data.max_length": "24",
-          "data.held_out": "0.2", "drafter.kind": "eagle1", "features.dtype": "fp32", "features.cache_dir":
-          str(base / "cache"), "train.steps": "2", "train.batch_size": "4", "train.save_every": "2",
-          "train.eval_every": "0", "train.eval_batches": "1", "train.report_to": "none", "train.threads": "1", **extra}
+    kw = {
+        "run_dir": str(run_dir),
+        "data.source": str(base / "data.jsonl"),
+        "data.max_length": "24",
+        "data.held_out": "0.2",
+        "drafter.kind": "eagle1",
+        "features.dtype": "fp32",
+        "features.cache_dir": str(base / "cache"),
+        "train.steps": "2",
+        "train.batch_size": "4",
+        "train.save_every": "2",
+        "train.eval_every": "0",
+        "train.eval_batches": "1",
+        "train.report_to": "none",
+        "train.threads": "1",
+        **extra,
+    }
     return [f"{k}={v}" for k, v in kw.items()]
 
 
 def gen(base: Path, *opts: str, drafter: str = "ar", target: Path | None = None) -> list[str]:
     """`draftsmith generate` of 4 tokens after "Once" (AR unless a drafter is given), with extra options."""
-    return ["generate", "--target", str(target or base / "target"), "--drafter", drafter, "--prompt", "Once",
-            "--max-new-tokens", "4", *opts]
+    return [
+        "generate",
+        "--target",
+        str(target or base / "target"),
+        "--drafter",
+        drafter,
+        "--prompt",
+        "Once",
+        "--max-new-tokens",
+        "4",
+        *opts,
+    ]
 
 
 # --- ways to damage a file ----------------------------------------------------------------------
+
 
 def copy(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst)
@@ -135,6 +164,7 @@ def lines(tmp: Path, name: str, *rows: str) -> Path:
 
 # --- the check ----------------------------------------------------------------------------------
 
+
 def snapshot(*roots: Path) -> dict[str, str]:
     """Every file and directory under roots: path -> size and content hash (or 'dir')."""
     out = {}
@@ -147,8 +177,9 @@ def snapshot(*roots: Path) -> dict[str, str]:
 def changed(before: dict[str, str], after: dict[str, str]) -> dict[str, tuple[str | None, str | None]]:
     """The paths whose snapshot differs: path -> (before, after), None where absent. (This module's asserts are
     not rewritten by pytest, so a failed one says what it saw through its message.)"""
-    return {k: (before.get(k), after.get(k)) for k in sorted(before.keys() | after.keys())
-            if before.get(k) != after.get(k)}
+    return {
+        k: (before.get(k), after.get(k)) for k in sorted(before.keys() | after.keys()) if before.get(k) != after.get(k)
+    }
 
 
 def check_error(rc: int, err: str, want: str) -> None:
@@ -161,8 +192,14 @@ def check_error(rc: int, err: str, want: str) -> None:
     assert re.search(want, errors[0]), f"{want!r} not in {errors[0]!r}"
 
 
-def check_case(build: Case, tmp_path: Path, base: Path, capsys: pytest.CaptureFixture[str],
-               may_change: Iterable[str] = (), may_stamp: Iterable[str] = ()) -> None:
+def check_case(
+    build: Case,
+    tmp_path: Path,
+    base: Path,
+    capsys: pytest.CaptureFixture[str],
+    may_change: Iterable[str] = (),
+    may_stamp: Iterable[str] = (),
+) -> None:
     """One case: the command is refused (check_error) and no file on disk changes, except the files of
     `may_change` (relative to tmp_path) and `may_stamp` (relative to the shared inputs)."""
     argv, want = build(tmp_path, base)

@@ -29,19 +29,33 @@ def data_home(tmp_path_factory):
     # built one); the slow engine-check test points back at REAL_HOME itself
     os.environ["DRAFTSMITH_HOME"] = str(tmp_path_factory.mktemp("draftsmith_home"))
     return d
+
+
 STORIES = REPO / "recipes" / "targets" / "stories260K"
 DEV_PROMPTS = REPO / "recipes" / "prompts" / "stories_dev.txt"
 
 
-def tiny_model(family: str = "qwen3", attn: str = "eager", layers: int = 4, vocab: int = 128, seed: int = 0,
-               hidden: int = 32):
+def tiny_model(
+    family: str = "qwen3", attn: str = "eager", layers: int = 4, vocab: int = 128, seed: int = 0, hidden: int = 32
+):
     """A random decoder-only LM with the standard HF layout, small enough for a test."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
-    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                  num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4, max_position_embeddings=512,
-                  bos_token_id=1, eos_token_id=2, pad_token_id=0, attn_implementation=attn)
+    common = dict(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden // 4,
+        max_position_embeddings=512,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        attn_implementation=attn,
+    )
     if family == "qwen3":
         model = Qwen3ForCausalLM(Qwen3Config(tie_word_embeddings=False, **common))
     else:

@@ -107,7 +107,7 @@ def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
                 stack.pop()
                 path.pop()
             elif state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             elif not state.get(nxt):
                 state[nxt] = 1
                 stack.append((nxt, iter(sorted(edges.get(nxt, ())))))
@@ -127,14 +127,21 @@ def test_decode_imports_no_training_and_no_drafter_outside_its_front_ends():
             elif pkg == "drafters" and mod not in FRONT_ENDS:
                 bad.append(f"{mod}:{line} imports {target} (decode's core knows no drafter, only decode.protocol)")
             elif pkg == "drafters" and (target != REGISTRY or not in_function):
-                bad.append(f"{mod}:{line} imports {target} (front ends reach drafters only through "
-                           f"{REGISTRY}, inside the CLI functions)")
+                bad.append(
+                    f"{mod}:{line} imports {target} (front ends reach drafters only through "
+                    f"{REGISTRY}, inside the CLI functions)"
+                )
     assert not bad, "\n".join(bad)
 
 
 def test_drafters_import_nothing_from_train():
-    bad = [f"{mod}:{line} imports {target}" for mod, found in import_graph().items() if mod.split(".")[0] == "drafters"
-           for target, line, _ in found if target.split(".")[0] == "train"]
+    bad = [
+        f"{mod}:{line} imports {target}"
+        for mod, found in import_graph().items()
+        if mod.split(".")[0] == "drafters"
+        for target, line, _ in found
+        if target.split(".")[0] == "train"
+    ]
     assert not bad, "drafters must not import train (a drafter's objective lives with the drafter):\n" + "\n".join(bad)
 
 
@@ -166,26 +173,37 @@ def test_drafters_parts_import_one_way():
 def test_no_import_cycles():
     graph = import_graph()
     for pkg in PACKAGES:
-        edges = {m: {t for t, _, _ in found if t.split(".")[0] == pkg} for m, found in graph.items()
-                 if m.split(".")[0] == pkg}
+        edges = {
+            m: {t for t, _, _ in found if t.split(".")[0] == pkg}
+            for m, found in graph.items()
+            if m.split(".")[0] == pkg
+        }
         cycle = find_cycle(edges)
-        assert cycle is None, f"import cycle in {pkg}/: {' -> '.join(cycle)} (function-level and TYPE_CHECKING imports count)"
+        assert cycle is None, (
+            f"import cycle in {pkg}/: {' -> '.join(cycle)} (function-level and TYPE_CHECKING imports count)"
+        )
 
 
 def test_the_checker_sees_every_kind_of_import():
     """The walker finds function-level, TYPE_CHECKING and `from pkg import module` imports, and cycles."""
-    src = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from train.config import Recipe\n"
-           "def f():\n    from train import loop\n    import drafters.trainable.eagle\n")
+    src = (
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from train.config import Recipe\n"
+        "def f():\n    from train import loop\n    import drafters.trainable.eagle\n"
+    )
     got = parse_imports(src, "train.probe", "train", set(project_modules()))
     assert got == [("train.config", 3, False), ("train.loop", 5, True), ("drafters.trainable.eagle", 6, True)]
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
-    probe = {"drafters.sources.x": [("drafters.serving.export", 3, True), ("drafters.common", 4, False)],
-             "drafters.trainable.y": [("drafters.sources.x", 5, False), ("drafters.registry", 6, True)],
-             "drafters.serving.z": [("drafters.trainable.y", 7, False)], "drafters.stray": []}
+    probe = {
+        "drafters.sources.x": [("drafters.serving.export", 3, True), ("drafters.common", 4, False)],
+        "drafters.trainable.y": [("drafters.sources.x", 5, False), ("drafters.registry", 6, True)],
+        "drafters.serving.z": [("drafters.trainable.y", 7, False)],
+        "drafters.stray": [],
+    }
     assert part_violations(probe) == [
         "drafters.sources.x:3 imports drafters.serving.export (drafters.sources may import only "
         "['drafters.common', 'drafters.sources'])",
         "drafters.trainable.y:6 imports drafters.registry (drafters.trainable may import only "
         "['drafters.common', 'drafters.sources', 'drafters.trainable'])",
-        "drafters.stray lives in no part of drafters/ (put it in drafters.sources, drafters.trainable, drafters.serving)"]
+        "drafters.stray lives in no part of drafters/ (put it in drafters.sources, drafters.trainable, drafters.serving)",
+    ]

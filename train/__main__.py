@@ -60,21 +60,30 @@ def warm_start(drafter: torch.nn.Module, path: str, target) -> None:
     from drafters.serving.engine_dirs import load_module
 
     if not Path(path).is_dir():
-        raise FileNotFoundError(f"train.init_from={path}: no such directory (give an export/ or a shipped drafter "
-                                "directory such as recipes/smollm2-135m/drafters/eagle3)")
+        raise FileNotFoundError(
+            f"train.init_from={path}: no such directory (give an export/ or a shipped drafter "
+            "directory such as recipes/smollm2-135m/drafters/eagle3)"
+        )
     source = load_module(Path(path), target)
     if source.kind != drafter.kind:
         raise ValueError(f"train.init_from={path} is a {source.kind} drafter; this recipe trains {drafter.kind}")
     mine, theirs = drafter.config, source.config
     if getattr(mine, "capture_ids", None) != getattr(theirs, "capture_ids", None):
-        raise ValueError(f"train.init_from={path} fuses hidden ids {theirs.capture_ids}, this recipe "
-                         f"{mine.capture_ids}: set drafter.{drafter.kind}.capture_ids to match")
+        raise ValueError(
+            f"train.init_from={path} fuses hidden ids {theirs.capture_ids}, this recipe "
+            f"{mine.capture_ids}: set drafter.{drafter.kind}.capture_ids to match"
+        )
     want, have = drafter.state_dict(), source.state_dict()
-    bad = sorted(set(want) ^ set(have)) + [f"{k} {tuple(have[k].shape)} vs {tuple(v.shape)}" for k, v in want.items()
-                                           if k in have and have[k].shape != v.shape]
+    bad = sorted(set(want) ^ set(have)) + [
+        f"{k} {tuple(have[k].shape)} vs {tuple(v.shape)}"
+        for k, v in want.items()
+        if k in have and have[k].shape != v.shape
+    ]
     if bad:
-        raise ValueError(f"train.init_from={path}: its weights do not fit this recipe's {drafter.kind} drafter "
-                         f"({bad[:4]}); set the recipe's drafter section as the source was trained (its config.json)")
+        raise ValueError(
+            f"train.init_from={path}: its weights do not fit this recipe's {drafter.kind} drafter "
+            f"({bad[:4]}); set the recipe's drafter section as the source was trained (its config.json)"
+        )
     drafter.load_state_dict(have)  # the draft vocabulary (d2t/t2d) comes with the weights it indexes
     print(f"[train] weights from {path}", flush=True)
 
@@ -83,7 +92,9 @@ def run(recipe) -> int:
     from accelerate import PartialState
 
     if not recipe.drafter.kind:
-        raise ValueError("drafter.kind is not set: choose eagle3 | eagle1 | medusa | layerskip (e.g. drafter.kind=eagle3)")
+        raise ValueError(
+            "drafter.kind is not set: choose eagle3 | eagle1 | medusa | layerskip (e.g. drafter.kind=eagle3)"
+        )
     check_out_dir(recipe.run_dir, "run_dir")  # before the target loads: an unwritable run_dir fails at once
     # 1. processes first. Plain CPU ranks (DDP, and FSDP: see train/distributed.py fsdp_on_cpu) need cpu=True
     # (accelerate 1.15 forms no CPU ranks without it); DeepSpeed (also on CPU with DS_ACCELERATOR=cpu) must
@@ -116,15 +127,25 @@ def run(recipe) -> int:
     train_ds, featurize = training_data(recipe, target, "train", dist, recipe.train.pack_length, data, cache)
     eval_ds, _ = training_data(recipe, target, "eval", dist, recipe.train.pack_length, data, cache)
     if recipe.train.max_sequences and state.is_main_process:  # the draft vocabulary is counted on these too
-        print(f"[train] train.max_sequences: training on the first {recipe.train.max_sequences} train sequences "
-              f"(held-out split unchanged)", flush=True)
+        print(
+            f"[train] train.max_sequences: training on the first {recipe.train.max_sequences} train sequences "
+            f"(held-out split unchanged)",
+            flush=True,
+        )
     # 3. the drafter, then 4. the loop.
     drafter = build_drafter(recipe, target, train_ds, state.process_index).to(state.device)
     if recipe.train.init_from:
         warm_start(drafter, recipe.train.init_from, target)
     recipe_dict = to_dict(recipe)
-    train(recipe, drafter, target, train_ds, eval_ds, featurize,
-          export_fn=lambda d, out, state: save_drafter(d, out, recipe=recipe_dict, target_id=recipe.target, state=state))
+    train(
+        recipe,
+        drafter,
+        target,
+        train_ds,
+        eval_ds,
+        featurize,
+        export_fn=lambda d, out, state: save_drafter(d, out, recipe=recipe_dict, target_id=recipe.target, state=state),
+    )
     return 0
 
 

@@ -14,10 +14,12 @@ import torch
 def collate(items: list[dict[str, Any]], pad_id: int = 0) -> dict[str, Any]:
     """Per-sequence (or packed) items -> the batch contract of train/features.py, right-padded."""
     b, t = len(items), max(it["input_ids"].numel() for it in items)
-    batch: dict[str, Any] = {"input_ids": torch.full((b, t), pad_id, dtype=torch.long),
-                             "attention_mask": torch.zeros(b, t, dtype=torch.long),
-                             "position_ids": torch.zeros(b, t, dtype=torch.long),
-                             "loss_mask": torch.zeros(b, t, dtype=torch.bool)}
+    batch: dict[str, Any] = {
+        "input_ids": torch.full((b, t), pad_id, dtype=torch.long),
+        "attention_mask": torch.zeros(b, t, dtype=torch.long),
+        "position_ids": torch.zeros(b, t, dtype=torch.long),
+        "loss_mask": torch.zeros(b, t, dtype=torch.bool),
+    }
     for r, it in enumerate(items):
         n = it["input_ids"].numel()
         seg = it.get("segments", torch.ones(n, dtype=torch.long))

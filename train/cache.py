@@ -75,14 +75,18 @@ def write_shard(path: Path, seqs: list[dict[str, Tensor]], meta: dict[str, Any],
 def shard_meta(path: Path) -> dict[str, Any]:
     """A shard's metadata (reads only the header); a missing or unreadable file is a CacheError naming it."""
     if not path.exists():
-        raise CacheError(f"feature shard {path} listed in {INDEX} is missing; delete {path.parent / INDEX} and rerun "
-                         "`python -m train RECIPE.yaml` (or `python -m train.features`) to extract the missing shards")
+        raise CacheError(
+            f"feature shard {path} listed in {INDEX} is missing; delete {path.parent / INDEX} and rerun "
+            "`python -m train RECIPE.yaml` (or `python -m train.features`) to extract the missing shards"
+        )
     try:
         with safe_open(str(path), framework="pt") as f:
             return json.loads((f.metadata() or {})["draftsmith"])
     except Exception as e:  # noqa: BLE001 - safetensors raises several kinds for a damaged file
-        raise CacheError(f"feature shard {path} is unreadable ({type(e).__name__}: {e}); delete it and rerun "
-                         "`python -m train RECIPE.yaml` (or `python -m train.features`) to rebuild it") from e
+        raise CacheError(
+            f"feature shard {path} is unreadable ({type(e).__name__}: {e}); delete it and rerun "
+            "`python -m train RECIPE.yaml` (or `python -m train.features`) to rebuild it"
+        ) from e
 
 
 def check_existing(cache_dir: Path, fingerprint: dict[str, Any]) -> bool:
@@ -101,17 +105,21 @@ def check_existing(cache_dir: Path, fingerprint: dict[str, Any]) -> bool:
         return True
     for p in sorted(cache_dir.glob("shard_*.safetensors")):
         if shard_meta(p)["fingerprint"] != want:
-            raise CacheError(f"{p} was extracted with different settings than this recipe asks for; delete "
-                             f"{cache_dir} (or set features.cache_dir elsewhere) and rerun")
+            raise CacheError(
+                f"{p} was extracted with different settings than this recipe asks for; delete "
+                f"{cache_dir} (or set features.cache_dir elsewhere) and rerun"
+            )
     return False
 
 
 def mismatch(cache_dir: Path, old: dict[str, Any], new: dict[str, Any]) -> CacheError:
     keys = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
     detail = "; ".join(f"{k}: cache {old.get(k)!r} vs now {new.get(k)!r}" for k in keys)
-    return CacheError(f"feature cache {cache_dir} does not match this recipe/target ({detail[:600]}). Rebuild it: "
-                      f"delete {cache_dir} and rerun `python -m train RECIPE.yaml` (or point features.cache_dir "
-                      "elsewhere, or leave it unset: the default directory is keyed by the fingerprint)")
+    return CacheError(
+        f"feature cache {cache_dir} does not match this recipe/target ({detail[:600]}). Rebuild it: "
+        f"delete {cache_dir} and rerun `python -m train RECIPE.yaml` (or point features.cache_dir "
+        "elsewhere, or leave it unset: the default directory is keyed by the fingerprint)"
+    )
 
 
 def write_index(cache_dir: Path, fingerprint: dict[str, Any], n_shards: int, extra: dict[str, Any]) -> dict:
@@ -122,11 +130,26 @@ def write_index(cache_dir: Path, fingerprint: dict[str, Any], n_shards: int, ext
         if not p.exists():
             raise CacheError(f"{p} is missing after extraction: a rank failed; rerun to finish the cache")
         m = shard_meta(p)
-        shards.append({"file": p.name, "seq_start": m["seq_start"], "seq_end": m["seq_end"], "tokens": m["tokens"],
-                       "bytes": p.stat().st_size})
+        shards.append(
+            {
+                "file": p.name,
+                "seq_start": m["seq_start"],
+                "seq_end": m["seq_end"],
+                "tokens": m["tokens"],
+                "bytes": p.stat().st_size,
+            }
+        )
     tokens, size = sum(s["tokens"] for s in shards), sum(s["bytes"] for s in shards)
-    index = {"version": 1, "fingerprint_hash": digest(fingerprint), "fingerprint": fingerprint, **extra,
-             "shards": shards, "tokens": tokens, "bytes": size, "bytes_per_token": size / max(tokens, 1)}
+    index = {
+        "version": 1,
+        "fingerprint_hash": digest(fingerprint),
+        "fingerprint": fingerprint,
+        **extra,
+        "shards": shards,
+        "tokens": tokens,
+        "bytes": size,
+        "bytes_per_token": size / max(tokens, 1),
+    }
     tmp = cache_dir / f".{INDEX}.tmp"
     tmp.write_text(json.dumps(index, indent=1))
     os.replace(tmp, cache_dir / INDEX)
@@ -136,8 +159,10 @@ def write_index(cache_dir: Path, fingerprint: dict[str, Any], n_shards: int, ext
 def read_index(cache_dir: Path) -> dict[str, Any]:
     p = Path(cache_dir) / INDEX
     if not p.exists():
-        raise CacheError(f"no feature cache at {cache_dir} ({INDEX} missing): `python -m train RECIPE.yaml` builds "
-                         "it before training (`python -m train.features RECIPE.yaml` builds only it)")
+        raise CacheError(
+            f"no feature cache at {cache_dir} ({INDEX} missing): `python -m train RECIPE.yaml` builds "
+            "it before training (`python -m train.features RECIPE.yaml` builds only it)"
+        )
     try:
         return json.loads(p.read_text())
     except (OSError, json.JSONDecodeError) as e:
@@ -160,8 +185,10 @@ class FeatureCache:
             raise mismatch(cache_dir, index["fingerprint"], fingerprint)
         for sh in index["shards"]:
             if shard_meta(cache_dir / sh["file"])["fingerprint"] != index["fingerprint_hash"]:
-                raise CacheError(f"{cache_dir / sh['file']} belongs to another extraction than {INDEX}; rebuild "
-                                 f"the cache (delete {cache_dir} and rerun python -m train RECIPE.yaml)")
+                raise CacheError(
+                    f"{cache_dir / sh['file']} belongs to another extraction than {INDEX}; rebuild "
+                    f"the cache (delete {cache_dir} and rerun python -m train RECIPE.yaml)"
+                )
         return cls(cache_dir, index)
 
     def __post_init__(self) -> None:
@@ -202,9 +229,11 @@ class FeatureCache:
         f, off = self._shard(s)
         j = i - self._starts[s]
         a, b = int(off[j]), int(off[j + 1])
-        out: dict[str, Any] = {"input_ids": f.get_slice("input_ids")[a:b].long(),
-                               "loss_mask": f.get_slice("loss_mask")[a:b].bool(),
-                               "hidden": {h: f.get_slice(f"hidden.{h}")[a:b].float() for h in self.index["hidden_ids"]}}
+        out: dict[str, Any] = {
+            "input_ids": f.get_slice("input_ids")[a:b].long(),
+            "loss_mask": f.get_slice("loss_mask")[a:b].bool(),
+            "hidden": {h: f.get_slice(f"hidden.{h}")[a:b].float() for h in self.index["hidden_ids"]},
+        }
         if "argmax" in f.keys():
             out["argmax"] = f.get_slice("argmax")[a:b].long()
         if self.index["topk"]:

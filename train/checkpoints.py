@@ -29,8 +29,10 @@ def checkpoints(run_dir: Path) -> list[Path]:
     d = run_dir / "checkpoints"
     if not d.is_dir():
         return []
-    done = [p for p in d.iterdir() if p.is_dir() and p.name.startswith(CKPT_PREFIX) and p.name[len(CKPT_PREFIX):].isdigit()]
-    return sorted(done, key=lambda p: int(p.name[len(CKPT_PREFIX):]))
+    done = [
+        p for p in d.iterdir() if p.is_dir() and p.name.startswith(CKPT_PREFIX) and p.name[len(CKPT_PREFIX) :].isdigit()
+    ]
+    return sorted(done, key=lambda p: int(p.name[len(CKPT_PREFIX) :]))
 
 
 def resume_point(resume: str, run_dir: Path) -> Path | None:
@@ -50,9 +52,11 @@ def load_checkpoint(acc, path: Path) -> tuple[int, list[float], int]:
     try:
         acc.load_state(str(path))
     except (SafetensorError, OSError, RuntimeError, EOFError, pickle.UnpicklingError) as e:
-        raise UserError(f"checkpoint {path} is unreadable ({type(e).__name__}: {one_line(e)[:200]}); delete "
-                        "it to resume from the one before, or set train.resume=never") from None
-    step = int(path.name[len(CKPT_PREFIX):]) if path.name.startswith(CKPT_PREFIX) else 0
+        raise UserError(
+            f"checkpoint {path} is unreadable ({type(e).__name__}: {one_line(e)[:200]}); delete "
+            "it to resume from the one before, or set train.resume=never"
+        ) from None
+    step = int(path.name[len(CKPT_PREFIX) :]) if path.name.startswith(CKPT_PREFIX) else 0
     if not (path / RUN_STATE).exists():  # a checkpoint from before RUN_STATE existed: nothing pending
         return step, [], 0
     state = json.loads((path / RUN_STATE).read_text())
@@ -73,8 +77,9 @@ def save_checkpoint(acc, run_dir: Path, at: int, log_path: Path, window: list[fl
     if main:
         # how much of metrics.jsonl this checkpoint has seen: a resume from it cuts the file back there
         size = log_path.stat().st_size if log_path.exists() else 0
-        (tmp / RUN_STATE).write_text(json.dumps({"step": at, "metrics_bytes": size, "loss_window": window,
-                                                 "trained_tokens": seen}))
+        (tmp / RUN_STATE).write_text(
+            json.dumps({"step": at, "metrics_bytes": size, "loss_window": window, "trained_tokens": seen})
+        )
         kill_point("train.checkpoint", at)  # test hook: a kill with the checkpoint written but not renamed
         if final.exists():
             shutil.rmtree(final)

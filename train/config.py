@@ -61,7 +61,9 @@ class FeaturesConfig:
     topk: int = 0  # store the target's k most likely next tokens + probs per position (0 = don't)
     shard_size: int = 64  # sequences per shard (a shard is held in memory until written)
     batch_size: int = 8  # sequences per target forward during extraction
-    target_dtype: str = "auto"  # frozen target's dtype: auto (decode.precision.resolve_dtype) | float32 | bfloat16 | float16
+    target_dtype: str = (
+        "auto"  # frozen target's dtype: auto (decode.precision.resolve_dtype) | float32 | bfloat16 | float16
+    )
     attn: str = "sdpa"  # attention implementation of the target (sdpa | eager)
 
     def __post_init__(self) -> None:
@@ -162,9 +164,11 @@ def with_feature_ids(recipe: Recipe, num_layers: int) -> Recipe:
     """Fill `features.hidden_ids` from the drafter (when empty) or check it holds what the drafter needs."""
     if not recipe.drafter.kind:
         if not recipe.features.hidden_ids:
-            raise ConfigError("features.hidden_ids is empty and no drafter.kind is set: name the drafter "
-                              "(drafter.kind=eagle3|eagle1|medusa|layerskip) or list the hidden-state ids "
-                              "(0 = embeddings, i = layer i output, L = final normed state), e.g. features.hidden_ids=[2,3,5]")
+            raise ConfigError(
+                "features.hidden_ids is empty and no drafter.kind is set: name the drafter "
+                "(drafter.kind=eagle3|eagle1|medusa|layerskip) or list the hidden-state ids "
+                "(0 = embeddings, i = layer i output, L = final normed state), e.g. features.hidden_ids=[2,3,5]"
+            )
         return recipe
     need = sorted(recipe.drafter.selected().feature_ids(num_layers))
     have = list(recipe.features.hidden_ids)
@@ -172,8 +176,10 @@ def with_feature_ids(recipe: Recipe, num_layers: int) -> Recipe:
         return dataclasses.replace(recipe, features=dataclasses.replace(recipe.features, hidden_ids=need))
     missing = sorted(set(need) - set(have))
     if missing:
-        raise ConfigError(f"features.hidden_ids {have} lacks {missing}, which a {recipe.drafter.kind} drafter needs "
-                          f"for a {num_layers}-layer target; remove the key to use {need}")
+        raise ConfigError(
+            f"features.hidden_ids {have} lacks {missing}, which a {recipe.drafter.kind} drafter needs "
+            f"for a {num_layers}-layer target; remove the key to use {need}"
+        )
     return recipe
 
 
@@ -219,8 +225,10 @@ def read_file(p: Path) -> DictConfig:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{p}:{mark.line + 1}" if mark is not None else str(p)
-        raise ConfigError(f"{where}: not valid YAML ({getattr(e, 'problem', None) or type(e).__name__}); fix "
-                          "that line (YAML wants `key: value`, nested keys indented)") from None
+        raise ConfigError(
+            f"{where}: not valid YAML ({getattr(e, 'problem', None) or type(e).__name__}); fix "
+            "that line (YAML wants `key: value`, nested keys indented)"
+        ) from None
     except OmegaConfBaseException as e:
         raise ConfigError(f"{p}: {str(e).splitlines()[0]}") from None
     if not isinstance(raw, DictConfig):
@@ -244,6 +252,7 @@ def parse_override(ov: str) -> DictConfig:
 
 def given_keys(yaml_path: str | Path, overrides: Sequence[str]) -> set[str]:
     """The dotted keys the recipe file and the overrides set (leaves only)."""
+
     def leaves(d: Any, prefix: str) -> list[str]:
         if isinstance(d, dict) and d:
             return [k for name, v in d.items() for k in leaves(v, f"{prefix}{name}.")]

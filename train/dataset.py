@@ -44,8 +44,10 @@ class TokenDataset(Dataset):
 
     def __getitem__(self, i: int) -> dict[str, Tensor]:
         r = self.rows[int(i)]
-        return {"input_ids": torch.tensor(r["input_ids"], dtype=torch.long),
-                "loss_mask": torch.tensor(r["loss_mask"], dtype=torch.bool)}
+        return {
+            "input_ids": torch.tensor(r["input_ids"], dtype=torch.long),
+            "loss_mask": torch.tensor(r["loss_mask"], dtype=torch.bool),
+        }
 
     def lengths(self) -> list[int]:
         return [len(x) for x in self.rows["input_ids"]]
@@ -72,14 +74,16 @@ class CachedFeatures(Dataset):
         return self.cache.sequence(self.start + int(i))
 
     def lengths(self) -> list[int]:
-        return self.cache.lengths()[self.start: self.stop]
+        return self.cache.lengths()[self.start : self.stop]
 
 
 def pack_groups(lengths: list[int], pack_length: int, seed: int) -> list[list[int]]:
     """Greedy packing in a seeded order: consecutive sequences fill a row until the next would not fit."""
     if max(lengths, default=0) > pack_length:
-        raise ValueError(f"a sequence of {max(lengths)} tokens does not fit pack_length {pack_length}; "
-                         "set pack_length >= data.max_length")
+        raise ValueError(
+            f"a sequence of {max(lengths)} tokens does not fit pack_length {pack_length}; "
+            "set pack_length >= data.max_length"
+        )
     order = list(range(len(lengths)))
     random.Random(seed).shuffle(order)
     groups, cur, used = [], [], 0
@@ -141,26 +145,48 @@ class EpochShuffle(Sampler[int]):
         return iter(torch.randperm(self.n, generator=gen).tolist())
 
 
-def make_loader(ds: Dataset, batch_size: int, seed: int, shuffle: bool = True, drop_last: bool = False,
-                num_workers: int = 0, pad_id: int = 0) -> DataLoader:
+def make_loader(
+    ds: Dataset,
+    batch_size: int,
+    seed: int,
+    shuffle: bool = True,
+    drop_last: bool = False,
+    num_workers: int = 0,
+    pad_id: int = 0,
+) -> DataLoader:
     """A DataLoader whose epoch-e order is a pure function of (seed, e) (call `set_epoch(e)` on the loader
     accelerate returns, or on its sampler). The loader's own generator only seeds workers: without it each
     iteration would draw that seed from the global torch RNG, shifting the stream dropout and noise use."""
     sampler = EpochShuffle(len(ds), seed) if shuffle else None
-    return DataLoader(ds, batch_size=batch_size, sampler=sampler, drop_last=drop_last, num_workers=num_workers,
-                      generator=torch.Generator().manual_seed(seed), collate_fn=functools.partial(collate, pad_id=pad_id))
+    return DataLoader(
+        ds,
+        batch_size=batch_size,
+        sampler=sampler,
+        drop_last=drop_last,
+        num_workers=num_workers,
+        generator=torch.Generator().manual_seed(seed),
+        collate_fn=functools.partial(collate, pad_id=pad_id),
+    )
 
 
 def check_limit(limit: int, available: int) -> None:
     """train.max_sequences asks for at most what the data has (else the run would silently train on less)."""
     if limit > available:
-        raise ValueError(f"train.max_sequences={limit} but the data has only {available} train sequences; "
-                         f"set it to at most {available}, or 0 for all of them")
+        raise ValueError(
+            f"train.max_sequences={limit} but the data has only {available} train sequences; "
+            f"set it to at most {available}, or 0 for all of them"
+        )
 
 
-def training_data(recipe: Recipe, target: Target, split: str = "train", dist: Dist | None = None,
-                  pack_length: int = 0, data: PreparedData | None = None,
-                  cache: FeatureCache | None = None) -> tuple[Dataset, Callable[[dict[str, Any]], dict[str, Any]]]:
+def training_data(
+    recipe: Recipe,
+    target: Target,
+    split: str = "train",
+    dist: Dist | None = None,
+    pack_length: int = 0,
+    data: PreparedData | None = None,
+    cache: FeatureCache | None = None,
+) -> tuple[Dataset, Callable[[dict[str, Any]], dict[str, Any]]]:
     """(dataset of per-sequence items, featurize) for the recipe's features.mode.
 
     offline: `cache`, or the cache found where build_cache would put it, checked against the fingerprint

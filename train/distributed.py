@@ -42,7 +42,9 @@ def make_accelerator(cfg: TrainConfig, run_dir: Path) -> Accelerator:
     # step_scheduler_with_optimizer=False: accelerate would otherwise advance the schedule once per
     # process per step (it assumes the lr was tuned for one process); the schedule is per optimizer step.
     # an unresolved `auto` (train() called directly, not through `python -m train`): bf16 where native
-    auto = resolve_dtype("auto", PartialState().device) == "bfloat16"  # decode.target's one rule (no config: a big model)
+    auto = (
+        resolve_dtype("auto", PartialState().device) == "bfloat16"
+    )  # decode.target's one rule (no config: a big model)
     mixed = cfg.mixed_precision if cfg.mixed_precision != "auto" else "bf16" if auto else "no"
     if AcceleratorState._shared_state.get("_mixed_precision") not in (None, mixed):
         # a second run in this process (tests, a notebook) with another precision: accelerate's state is a
@@ -52,12 +54,19 @@ def make_accelerator(cfg: TrainConfig, run_dir: Path) -> Accelerator:
     # stream that runs across epochs (accelerate would otherwise cut a step short at each epoch's end), so
     # optimizer step s reads micro-batches s*grad_accum .. and a resume can find them by arithmetic.
     accum = GradientAccumulationPlugin(num_steps=cfg.grad_accum, sync_with_dataloader=False)
-    acc = Accelerator(gradient_accumulation_plugin=accum, mixed_precision=mixed,
-                      step_scheduler_with_optimizer=False, log_with=log_with,
-                      # curricula and layer dropout leave some drafter parameters unused in a step
-                      kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)],
-                      project_config=ProjectConfiguration(project_dir=str(run_dir), logging_dir=str(run_dir / "logs")))
-    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" and acc.distributed_type == DistributedType.MULTI_CPU:
+    acc = Accelerator(
+        gradient_accumulation_plugin=accum,
+        mixed_precision=mixed,
+        step_scheduler_with_optimizer=False,
+        log_with=log_with,
+        # curricula and layer dropout leave some drafter parameters unused in a step
+        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)],
+        project_config=ProjectConfiguration(project_dir=str(run_dir), logging_dir=str(run_dir / "logs")),
+    )
+    if (
+        os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true"
+        and acc.distributed_type == DistributedType.MULTI_CPU
+    ):
         fsdp_on_cpu(acc)
     return acc
 
@@ -75,8 +84,10 @@ def fsdp_on_cpu(acc: Accelerator) -> None:
 
     plugin = FullyShardedDataParallelPlugin()
     if plugin.fsdp_version != 2:
-        raise ValueError("FSDP on CPU ranks needs fsdp_version: 2 in the accelerate config "
-                         "(see recipes/accelerate/fsdp_cpu_2proc.yaml)")
+        raise ValueError(
+            "FSDP on CPU ranks needs fsdp_version: 2 in the accelerate config "
+            "(see recipes/accelerate/fsdp_cpu_2proc.yaml)"
+        )
     if acc.mixed_precision != "no":
         plugin.set_mixed_precision(acc.mixed_precision)
     acc.state.fsdp_plugin = plugin

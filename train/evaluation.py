@@ -47,8 +47,13 @@ def rng_untouched() -> Iterator[None]:
 
 
 @torch.no_grad()
-def evaluate(drafter: nn.Module, loader: DataLoader, featurize: Callable[[dict[str, Any]], dict[str, Any]],
-             device: torch.device, cfg: TrainConfig) -> dict[str, Any]:
+def evaluate(
+    drafter: nn.Module,
+    loader: DataLoader,
+    featurize: Callable[[dict[str, Any]], dict[str, Any]],
+    device: torch.device,
+    cfg: TrainConfig,
+) -> dict[str, Any]:
     """Held-out loss, top-1 / top-w accuracy per draft position, and the teacher-forced chain and tree τ estimate."""
     was = drafter.training
     drafter.eval()
@@ -68,8 +73,13 @@ def evaluate(drafter: nn.Module, loader: DataLoader, featurize: Callable[[dict[s
     if not n:
         return {}
     acc1, accw = [a / n for a in acc1], [a / n for a in accw]
-    return {"eval/loss": sum(losses) / n, "eval/acc_by_position": acc1, f"eval/top{cfg.tree_width}_by_position": accw,
-            "eval/tf_tau_chain": simulated_tau(acc1), "eval/tf_tau_tree": simulated_tau(accw)}
+    return {
+        "eval/loss": sum(losses) / n,
+        "eval/acc_by_position": acc1,
+        f"eval/top{cfg.tree_width}_by_position": accw,
+        "eval/tf_tau_chain": simulated_tau(acc1),
+        "eval/tf_tau_tree": simulated_tau(accw),
+    }
 
 
 @dataclass
@@ -85,12 +95,22 @@ class Evaluator:
     sim_items: list[dict[str, list[int]]]
 
     @classmethod
-    def for_run(cls, target: Target, eval_ds: Dataset, featurize: Callable[[dict[str, Any]], dict[str, Any]],
-                device: torch.device, cfg: TrainConfig, seed: int, run_dir: Path, main: bool) -> Evaluator:
+    def for_run(
+        cls,
+        target: Target,
+        eval_ds: Dataset,
+        featurize: Callable[[dict[str, Any]], dict[str, Any]],
+        device: torch.device,
+        cfg: TrainConfig,
+        seed: int,
+        run_dir: Path,
+        main: bool,
+    ) -> Evaluator:
         loader = make_loader(eval_ds, cfg.batch_size, seed, shuffle=False) if len(eval_ds) else None
         # the decoding-faithful eval set, cached per run (the main process writes it)
-        sim_items = load_or_build(run_dir / SIM_CACHE, target, prompt_set(cfg, target, eval_ds), cfg.sim_max_new_tokens,
-                                  write=main)
+        sim_items = load_or_build(
+            run_dir / SIM_CACHE, target, prompt_set(cfg, target, eval_ds), cfg.sim_max_new_tokens, write=main
+        )
         return cls(target, loader, featurize, device, cfg, sim_items)
 
     @property
@@ -102,17 +122,23 @@ class Evaluator:
         out: dict[str, Any] = {}
         if self.loader is not None:
             t0 = time.perf_counter()
-            out = {**evaluate(drafter, self.loader, self.featurize, self.device, self.cfg),
-                   "eval/tf_s": time.perf_counter() - t0}
+            out = {
+                **evaluate(drafter, self.loader, self.featurize, self.device, self.cfg),
+                "eval/tf_s": time.perf_counter() - t0,
+            }
         return {**out, **sim_eval(drafter, self.target, self.sim_items[:n_prompts], self.cfg)}
 
 
 def print_final(final: dict[str, Any], cfg: TrainConfig) -> None:
     """The final evaluation's τ lines, for whichever evaluations ran."""
     if "eval/loss" in final:
-        print(f"[train] held-out: loss {final['eval/loss']:.4f}; teacher-forced tau estimate chain "
-              f"{final['eval/tf_tau_chain']:.2f}, tree {final['eval/tf_tau_tree']:.2f}")
+        print(
+            f"[train] held-out: loss {final['eval/loss']:.4f}; teacher-forced tau estimate chain "
+            f"{final['eval/tf_tau_chain']:.2f}, tree {final['eval/tf_tau_tree']:.2f}"
+        )
     if "eval/sim_tau_chain" in final:
-        print(f"[train] simulated tau (decoding {final['eval/sim_prompts']} held-out prompts, greedy, "
-              f"{cfg.sim_max_new_tokens} new tokens): chain k={cfg.sim_chain} {final['eval/sim_tau_chain']:.2f}, "
-              f"tree {cfg.sim_tree} {final['eval/sim_tau_tree']:.2f}")
+        print(
+            f"[train] simulated tau (decoding {final['eval/sim_prompts']} held-out prompts, greedy, "
+            f"{cfg.sim_max_new_tokens} new tokens): chain k={cfg.sim_chain} {final['eval/sim_tau_chain']:.2f}, "
+            f"tree {cfg.sim_tree} {final['eval/sim_tau_tree']:.2f}"
+        )

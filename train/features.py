@@ -70,8 +70,15 @@ from train.data.regen import drop_strays, write_text_atomically
 
 
 @torch.no_grad()
-def compute_features(target: Target, input_ids: Tensor, attention_mask: Tensor, hidden_ids: list[int] | tuple[int, ...],
-                     topk: int = 0, position_ids: Tensor | None = None, chunk: int = 2048) -> dict[str, Any]:
+def compute_features(
+    target: Target,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    hidden_ids: list[int] | tuple[int, ...],
+    topk: int = 0,
+    position_ids: Tensor | None = None,
+    chunk: int = 2048,
+) -> dict[str, Any]:
     """Target features for a batch: {"hidden": {id: [B, T, D] f32}, "argmax": [B, T] long}
     (+ "topk_ids"/"topk_probs" [B, T, k]).
 
@@ -89,7 +96,7 @@ def compute_features(target: Target, input_ids: Tensor, attention_mask: Tensor, 
     flat = last.reshape(-1, last.shape[-1])
     argmax, tops = [], []
     for a in range(0, flat.shape[0], chunk):
-        logits = target.head(flat[a: a + chunk]).float()
+        logits = target.head(flat[a : a + chunk]).float()
         argmax.append(logits.argmax(-1))
         if topk:
             tops.append(torch.softmax(logits, -1).topk(topk, -1))
@@ -108,8 +115,14 @@ class OnlineFeatures:
         self.target, self.hidden_ids, self.topk = target, list(hidden_ids), topk
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
-        feats = compute_features(self.target, batch["input_ids"], batch["attention_mask"], self.hidden_ids,
-                                 self.topk, batch.get("position_ids"))
+        feats = compute_features(
+            self.target,
+            batch["input_ids"],
+            batch["attention_mask"],
+            self.hidden_ids,
+            self.topk,
+            batch.get("position_ids"),
+        )
         return {**batch, **feats}
 
 
@@ -139,8 +152,11 @@ def resolve_precision(recipe: Recipe, device: str | torch.device = "cpu") -> tup
         line = f"precision: {short_t} ({why_t})"
     else:
         line = f"precision: target {short_t} ({why_t}), drafter {short_m} ({why_m})"
-    recipe = dataclasses.replace(recipe, features=dataclasses.replace(recipe.features, target_dtype=dtype),
-                                 train=dataclasses.replace(recipe.train, mixed_precision=mp))
+    recipe = dataclasses.replace(
+        recipe,
+        features=dataclasses.replace(recipe.features, target_dtype=dtype),
+        train=dataclasses.replace(recipe.train, mixed_precision=mp),
+    )
     return recipe, line
 
 
@@ -159,9 +175,16 @@ def data_digest(*parts: datasets.Dataset) -> str:
 def fingerprint(recipe: Recipe, target: Target, data: PreparedData) -> dict[str, Any]:
     """Everything a cached feature depends on; training recomputes it and refuses a cache that differs."""
     fc = recipe.features
-    return {"target": target_identity(target), "hidden_ids": sorted(set(fc.hidden_ids)), "dtype": fc.dtype,
-            "topk": fc.topk, "max_length": recipe.data.max_length, "data": data_digest(data.train, data.eval),
-            "n_train": len(data.train), "n_eval": len(data.eval)}
+    return {
+        "target": target_identity(target),
+        "hidden_ids": sorted(set(fc.hidden_ids)),
+        "dtype": fc.dtype,
+        "topk": fc.topk,
+        "max_length": recipe.data.max_length,
+        "data": data_digest(data.train, data.eval),
+        "n_train": len(data.train),
+        "n_eval": len(data.eval),
+    }
 
 
 # --- offline extraction -------------------------------------------------------------------------
@@ -169,12 +192,17 @@ def fingerprint(recipe: Recipe, target: Target, data: PreparedData) -> dict[str,
 
 def extract_shard(target: Target, rows: datasets.Dataset, fc: FeaturesConfig) -> list[dict[str, Tensor]]:
     """Features for the sequences of one shard (batched by length to limit padding), on the CPU."""
-    items = [{"input_ids": torch.tensor(r["input_ids"], dtype=torch.long),
-              "loss_mask": torch.tensor(r["loss_mask"], dtype=torch.bool)} for r in rows]
+    items = [
+        {
+            "input_ids": torch.tensor(r["input_ids"], dtype=torch.long),
+            "loss_mask": torch.tensor(r["loss_mask"], dtype=torch.bool),
+        }
+        for r in rows
+    ]
     order = sorted(range(len(items)), key=lambda j: items[j]["input_ids"].numel())
     out: list[dict[str, Tensor]] = [{} for _ in items]
     for a in range(0, len(order), fc.batch_size):
-        idx = order[a: a + fc.batch_size]
+        idx = order[a : a + fc.batch_size]
         batch = collate([items[j] for j in idx])
         feats = compute_features(target, batch["input_ids"], batch["attention_mask"], fc.hidden_ids, fc.topk)
         for r, j in enumerate(idx):
@@ -194,8 +222,13 @@ def feature_cache_dir(recipe: Recipe, target: Target, fp: dict[str, Any]) -> Pat
     return Path(recipe.features.cache_dir) if recipe.features.cache_dir else keyed_dir("features", target, fp)
 
 
-def extract(recipe: Recipe, target: Target | None = None, dist: Dist | None = None, device: str | torch.device = "cpu",
-            log: Callable[[str], None] = print) -> dict[str, Any]:
+def extract(
+    recipe: Recipe,
+    target: Target | None = None,
+    dist: Dist | None = None,
+    device: str | torch.device = "cpu",
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
     """Build (or finish, or confirm) the feature cache of `recipe`; returns its index."""
     dist = dist or Dist()
     target = target or load_target(recipe, device)
@@ -204,8 +237,9 @@ def extract(recipe: Recipe, target: Target | None = None, dist: Dist | None = No
     return build_cache(recipe, target, prepare_data(recipe, target, dist, log), dist, log).index
 
 
-def build_cache(recipe: Recipe, target: Target, data: PreparedData, dist: Dist | None = None,
-                log: Callable[[str], None] = print) -> FeatureCache:
+def build_cache(
+    recipe: Recipe, target: Target, data: PreparedData, dist: Dist | None = None, log: Callable[[str], None] = print
+) -> FeatureCache:
     """The feature cache of `recipe` over `data` (hidden_ids already filled): reused when complete, finished
     when a killed run left some shards, an error when the directory holds features of something else."""
     dist = dist or Dist()
@@ -246,20 +280,38 @@ def build_cache(recipe: Recipe, target: Target, data: PreparedData, dist: Dist |
     elapsed = time.perf_counter() - t0
     # 3. rank 0 merges the index once every rank is done.
     if dist.rank == 0:
-        extra = {"num_sequences": len(seqs), "n_train": len(data.train), "n_eval": len(data.eval),
-                 "hidden_ids": fp["hidden_ids"], "hidden_size": target.hidden_size, "dtype": fc.dtype, "topk": fc.topk,
-                 "shard_size": fc.shard_size, "token_stats": dataclasses.asdict(data.stats)}
+        extra = {
+            "num_sequences": len(seqs),
+            "n_train": len(data.train),
+            "n_eval": len(data.eval),
+            "hidden_ids": fp["hidden_ids"],
+            "hidden_size": target.hidden_size,
+            "dtype": fc.dtype,
+            "topk": fc.topk,
+            "shard_size": fc.shard_size,
+            "token_stats": dataclasses.asdict(data.stats),
+        }
         index = write_index(cache_dir, fp, n_shards, extra)
         new_tokens = sum(sh["tokens"] for sh in index["shards"] if sh["file"] not in finished_before)
-        stats = {"processes": dist.world, "extract_s": elapsed, "tokens_extracted": new_tokens,
-                 "tokens_per_s": new_tokens / max(elapsed, 1e-9), "bytes_per_token": index["bytes_per_token"],
-                 "tokens": index["tokens"], "bytes": index["bytes"]}
+        stats = {
+            "processes": dist.world,
+            "extract_s": elapsed,
+            "tokens_extracted": new_tokens,
+            "tokens_per_s": new_tokens / max(elapsed, 1e-9),
+            "bytes_per_token": index["bytes_per_token"],
+            "tokens": index["tokens"],
+            "bytes": index["bytes"],
+        }
         write_text_atomically(cache_dir / "extract_stats.json", json.dumps(stats, indent=1))
-        log(f"[features] {len(seqs)} sequences ({len(data.train)} train / {len(data.eval)} eval), {index['tokens']} "
-            f"tokens in {n_shards} shards at {cache_dir}")
-        log(f"[features] extracted {new_tokens} tokens in {elapsed:.2f} s = {stats['tokens_per_s']:.0f} tok/s on "
+        log(
+            f"[features] {len(seqs)} sequences ({len(data.train)} train / {len(data.eval)} eval), {index['tokens']} "
+            f"tokens in {n_shards} shards at {cache_dir}"
+        )
+        log(
+            f"[features] extracted {new_tokens} tokens in {elapsed:.2f} s = {stats['tokens_per_s']:.0f} tok/s on "
             f"{dist.world} process(es); {index['bytes_per_token']:.1f} bytes/token ({fc.dtype}, ids {fp['hidden_ids']}, "
-            f"topk {fc.topk}), {index['bytes'] / 1e6:.2f} MB")
+            f"topk {fc.topk}), {index['bytes'] / 1e6:.2f} MB"
+        )
     dist.barrier()
     return FeatureCache.open(cache_dir, fp)
 
@@ -295,8 +347,11 @@ def run(recipe: Recipe) -> int:
     if state.is_main_process:
         print(line, flush=True)
     if recipe.features.mode == "online":
-        print("[features] features.mode=online: the target runs inside each training step; nothing to extract "
-              "(data preparation still checked)", file=sys.stderr)
+        print(
+            "[features] features.mode=online: the target runs inside each training step; nothing to extract "
+            "(data preparation still checked)",
+            file=sys.stderr,
+        )
         prepare_data(recipe, load_target(recipe, state.device), dist)
         return 0
     extract(recipe, dist=dist, device=state.device)

@@ -76,8 +76,15 @@ class LossModule(nn.Module):
         return self.drafter(batch, step)
 
 
-def train(recipe: Recipe, drafter: nn.Module, target: Target, train_ds: Dataset, eval_ds: Dataset,
-          featurize: Callable[[dict[str, Any]], dict[str, Any]], export_fn: ExportFn) -> Path:
+def train(
+    recipe: Recipe,
+    drafter: nn.Module,
+    target: Target,
+    train_ds: Dataset,
+    eval_ds: Dataset,
+    featurize: Callable[[dict[str, Any]], dict[str, Any]],
+    export_fn: ExportFn,
+) -> Path:
     """Run the recipe's optimisation; returns the export directory. `export_fn(drafter, dir, state)` writes
     the native format (`state`: the drafter's full state dict, gathered from every rank)."""
     from accelerate.utils import set_seed
@@ -91,15 +98,21 @@ def train(recipe: Recipe, drafter: nn.Module, target: Target, train_ds: Dataset,
     if main:
         run_dir.mkdir(parents=True, exist_ok=True)
         dump_config(recipe, run_dir / "config.yaml")
-        print(f"[train] {acc.num_processes} process(es), {acc.distributed_type.value}, device {acc.device}, "
-              f"mixed precision {acc.mixed_precision}; run dir {run_dir}")
+        print(
+            f"[train] {acc.num_processes} process(es), {acc.distributed_type.value}, device {acc.device}, "
+            f"mixed precision {acc.mixed_precision}; run dir {run_dir}"
+        )
 
     # 1. data, optimizer, schedule; accelerate shards batches across processes.
-    loader = make_loader(train_ds, cfg.batch_size, recipe.seed, shuffle=True, drop_last=True, num_workers=cfg.num_workers)
+    loader = make_loader(
+        train_ds, cfg.batch_size, recipe.seed, shuffle=True, drop_last=True, num_workers=cfg.num_workers
+    )
     evals = Evaluator.for_run(target, eval_ds, featurize, acc.device, cfg, recipe.seed, run_dir, main)
     if len(loader) == 0:
-        raise ValueError(f"{len(train_ds)} training sequences make no full batch of {cfg.batch_size}: "
-                         "lower train.batch_size or add data")
+        raise ValueError(
+            f"{len(train_ds)} training sequences make no full batch of {cfg.batch_size}: "
+            "lower train.batch_size or add data"
+        )
     model, opt, loader, sched = prepare_optimisation(acc, drafter, loader, cfg)
     if acc.is_main_process and cfg.report_to != "none":
         acc.init_trackers(recipe.name or "draftsmith", config={"recipe": str(recipe.name)})
@@ -157,8 +170,9 @@ def train(recipe: Recipe, drafter: nn.Module, target: Target, train_ds: Dataset,
 # --- the steps' parts, in the order train() uses them ------------------------------------------
 
 
-def prepare_optimisation(acc: Accelerator, drafter: nn.Module, loader: DataLoader,
-                         cfg: TrainConfig) -> tuple[nn.Module, Chain, DataLoader, Chain]:
+def prepare_optimisation(
+    acc: Accelerator, drafter: nn.Module, loader: DataLoader, cfg: TrainConfig
+) -> tuple[nn.Module, Chain, DataLoader, Chain]:
     """(model, optimizer, loader, schedule) as accelerate prepared them for this process.
 
     AdamW, or Muon + AdamW (train/optim.py): one schedule each, the same lr factor; stepped as one (Chain).
@@ -166,11 +180,13 @@ def prepare_optimisation(acc: Accelerator, drafter: nn.Module, loader: DataLoade
     opts = make_optimizers(drafter, cfg, acc.distributed_type.value)
     scheds = [torch.optim.lr_scheduler.LambdaLR(o, lambda s: lr_factor(s, cfg)) for o in opts]
     model, *prepared = acc.prepare(LossModule(drafter), *opts, loader, *scheds)
-    opt, loader, sched = Chain(prepared[: len(opts)]), prepared[len(opts)], Chain(prepared[len(opts) + 1:])
+    opt, loader, sched = Chain(prepared[: len(opts)]), prepared[len(opts)], Chain(prepared[len(opts) + 1 :])
     if acc.gradient_accumulation_steps != cfg.grad_accum:  # a DeepSpeed config's own number wins at prepare
-        raise UserError(f"train.grad_accum={cfg.grad_accum} but the DeepSpeed config sets gradient_accumulation_steps "
-                        f"{acc.gradient_accumulation_steps}; set it to auto in the accelerate config file (as in "
-                        "recipes/accelerate/deepspeed_zero3.yaml) so the recipe decides")
+        raise UserError(
+            f"train.grad_accum={cfg.grad_accum} but the DeepSpeed config sets gradient_accumulation_steps "
+            f"{acc.gradient_accumulation_steps}; set it to auto in the accelerate config file (as in "
+            "recipes/accelerate/deepspeed_zero3.yaml) so the recipe decides"
+        )
     return model, opt, loader, sched
 
 
@@ -212,8 +228,16 @@ class MetricsLog:
             self.acc.log(scalars, step=step)
 
 
-def micro_step(acc: Accelerator, model: nn.Module, opt: Chain, sched: Chain, batch: dict[str, Any], step: int,
-               cfg: TrainConfig, run_dir: Path) -> tuple[torch.Tensor, dict[str, float]]:
+def micro_step(
+    acc: Accelerator,
+    model: nn.Module,
+    opt: Chain,
+    sched: Chain,
+    batch: dict[str, Any],
+    step: int,
+    cfg: TrainConfig,
+    run_dir: Path,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """One micro-batch: forward under autocast, a non-finite loss on any rank stops the run, backward; at the
     last micro-batch of an optimizer step (accelerate's sync_gradients) also the clip, step and schedule."""
     with acc.accumulate(model):
@@ -221,9 +245,11 @@ def micro_step(acc: Accelerator, model: nn.Module, opt: Chain, sched: Chain, bat
             loss, metrics = model(batch, step)
         bad = acc.reduce(torch.tensor(0.0 if torch.isfinite(loss) else 1.0, device=acc.device), "sum")
         if float(bad) > 0:
-            raise NonFiniteLoss(f"non-finite loss at step {step} (metrics {metrics}); the last good "
-                                f"checkpoint is kept in {run_dir / 'checkpoints'} — lower train.lr or "
-                                "check the data, then rerun with resume=auto")
+            raise NonFiniteLoss(
+                f"non-finite loss at step {step} (metrics {metrics}); the last good "
+                f"checkpoint is kept in {run_dir / 'checkpoints'} — lower train.lr or "
+                "check the data, then rerun with resume=auto"
+            )
         acc.backward(loss)
         if acc.sync_gradients and cfg.max_grad_norm > 0:
             acc.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
@@ -234,16 +260,31 @@ def micro_step(acc: Accelerator, model: nn.Module, opt: Chain, sched: Chain, bat
     return loss, metrics
 
 
-def train_row(step: int, window: list[float], lr: float, tokens: int, dt: float, seen: int,
-              metrics: dict[str, float]) -> dict[str, Any]:
+def train_row(
+    step: int, window: list[float], lr: float, tokens: int, dt: float, seen: int, metrics: dict[str, float]
+) -> dict[str, Any]:
     """A metrics row: the loss averaged over the micro-batches since the last row, the lr, tokens/s over the
     `dt` seconds since then, trained tokens so far and the drafter's own metrics of the last micro-batch."""
-    return {"step": step, "loss": sum(window) / len(window), "lr": lr, "tokens_per_s": tokens / dt if dt > 0 else 0.0,
-            "trained_tokens": seen, **{f"train/{k}": v for k, v in metrics.items()}}
+    return {
+        "step": step,
+        "loss": sum(window) / len(window),
+        "lr": lr,
+        "tokens_per_s": tokens / dt if dt > 0 else 0.0,
+        "trained_tokens": seen,
+        **{f"train/{k}": v for k, v in metrics.items()},
+    }
 
 
-def finish(acc: Accelerator, model: nn.Module, cfg: TrainConfig, run_dir: Path, step: int, evals: Evaluator,
-           log: MetricsLog, export_fn: ExportFn) -> Path:
+def finish(
+    acc: Accelerator,
+    model: nn.Module,
+    cfg: TrainConfig,
+    run_dir: Path,
+    step: int,
+    evals: Evaluator,
+    log: MetricsLog,
+    export_fn: ExportFn,
+) -> Path:
     """The final evaluation (every sim-eval prompt) and the native export; returns the export directory."""
     main = acc.is_main_process
     final = {"step": step}
@@ -254,7 +295,9 @@ def finish(acc: Accelerator, model: nn.Module, cfg: TrainConfig, run_dir: Path, 
     export_dir = run_dir / "export"
     # the full weights: every rank joins the gather (FSDP shards, ZeRO-3 partitions; ZeRO-3 returns None
     # off the main process); the main process writes
-    state = {} if cfg.eval_only else {k.removeprefix("drafter."): v for k, v in (acc.get_state_dict(model) or {}).items()}
+    state = (
+        {} if cfg.eval_only else {k.removeprefix("drafter."): v for k, v in (acc.get_state_dict(model) or {}).items()}
+    )
     if main and cfg.eval_only:  # train.eval_only: the evaluation is the result; nothing trained, nothing exported
         (run_dir / "final_eval.json").write_text(json.dumps(final, indent=2))
         print(f"[train] eval_only: evaluated the drafter of step {step}; see {run_dir / 'final_eval.json'}")

@@ -46,8 +46,9 @@ def muon_split(named: Iterable[tuple[str, nn.Parameter]]) -> tuple[list[nn.Param
     return muon, adamw
 
 
-def newton_schulz(update: Tensor, coefficients: tuple[float, float, float], steps: int, eps: float,
-                  dtype: torch.dtype) -> Tensor:
+def newton_schulz(
+    update: Tensor, coefficients: tuple[float, float, float], steps: int, eps: float, dtype: torch.dtype
+) -> Tensor:
     """Muon's orthogonalisation of an update [m, n], torch.optim.Muon's quintic iteration computed in `dtype`:
     1. scale to spectral norm <= 1 (by the Frobenius norm); 2. `steps` times X <- aX + (bA + cA^2)X with A = XX^T
     (on the wide orientation, so A is the smaller Gram matrix)."""
@@ -86,16 +87,13 @@ class Muon(torch.optim.Muon):
             for p, g, buf in zip(params, grads, bufs):
                 buf.lerp_(g, 1 - momentum)
                 update = g.lerp(buf, momentum) if group["nesterov"] else buf
-                update = newton_schulz(update, group["ns_coefficients"], group["ns_steps"], group["eps"],
-                                       self.ns_dtype)
+                update = newton_schulz(update, group["ns_coefficients"], group["ns_steps"], group["eps"], self.ns_dtype)
                 p.mul_(1 - lr * group["weight_decay"])
                 p.add_(update, alpha=-_adjust_lr(lr, group["adjust_lr_fn"], p.shape))
         return loss
 
 
-def make_optimizers(
-    drafter: nn.Module, cfg: TrainConfig, distributed_type: str = "NO"
-) -> list[torch.optim.Optimizer]:
+def make_optimizers(drafter: nn.Module, cfg: TrainConfig, distributed_type: str = "NO") -> list[torch.optim.Optimizer]:
     """The run's optimizers over the drafter's trainable parameters: [AdamW] or [Muon, AdamW] (either may be
     absent when it has no parameters). distributed_type: accelerate's (`acc.distributed_type.value`)."""
     named = [(n, p) for n, p in drafter.named_parameters() if p.requires_grad]
@@ -103,9 +101,7 @@ def make_optimizers(
         raise ValueError("the drafter has no trainable parameters")
 
     def adamw(params: Sequence[nn.Parameter]) -> torch.optim.Optimizer:
-        return torch.optim.AdamW(
-            params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay
-        )
+        return torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
 
     if cfg.optimizer == "adamw":
         return [adamw([p for _, p in named])]
@@ -120,8 +116,9 @@ def make_optimizers(
     opts: list[torch.optim.Optimizer] = []
     if muon:
         ns_dtype = torch.bfloat16 if has_bf16(muon[0].device) else torch.float32
-        opts.append(Muon(muon, ns_dtype=ns_dtype, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                         adjust_lr_fn="match_rms_adamw"))
+        opts.append(
+            Muon(muon, ns_dtype=ns_dtype, lr=cfg.lr, weight_decay=cfg.weight_decay, adjust_lr_fn="match_rms_adamw")
+        )
     if rest:
         opts.append(adamw(rest))
     return opts

@@ -32,7 +32,9 @@ def yaml_loader() -> type:
     from omegaconf._yaml import get_yaml_loader
 
     base = get_yaml_loader()
-    resolvers = {ch: [(tag, rx) for tag, rx in rs if tag != _BOOL_TAG] for ch, rs in base.yaml_implicit_resolvers.items()}
+    resolvers = {
+        ch: [(tag, rx) for tag, rx in rs if tag != _BOOL_TAG] for ch, rs in base.yaml_implicit_resolvers.items()
+    }
     loader = type("WordsStayWords", (base,), {"yaml_implicit_resolvers": resolvers})
     loader.add_implicit_resolver(_BOOL_TAG, _TRUE_FALSE, list("tTfF"))
     return loader
@@ -63,6 +65,7 @@ def above(lo: float, what: str = "") -> Check:
 def within(lo: float, hi: float, lo_open: bool = False, hi_open: bool = False, what: str = "") -> Check:
     def ok(v: float) -> bool:
         return (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
+
     text = f"in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
     return Check(ok, f"{text}{f' ({what})' if what else ''}")
 
@@ -72,13 +75,19 @@ def one_of(*words: str) -> Check:
 
 
 def each(check: Check) -> Check:
-    return Check(lambda v: all(check.ok(x) for x in v), f"a list of values each {check.allowed}",
-                 "fix the values out of that range in {key}")
+    return Check(
+        lambda v: all(check.ok(x) for x in v),
+        f"a list of values each {check.allowed}",
+        "fix the values out of that range in {key}",
+    )
 
 
 def existing_file(what: str) -> Check:
-    return Check(lambda v: not v or Path(v).is_file(), f"an existing file ({what}) or empty",
-                 "point it at a file that exists, or leave it empty")
+    return Check(
+        lambda v: not v or Path(v).is_file(),
+        f"an existing file ({what}) or empty",
+        "point it at a file that exists, or leave it empty",
+    )
 
 
 def _tree_spec(v: str) -> bool:
@@ -103,56 +112,105 @@ DECAY = within(0, 1, lo_open=True, what="a loss weight decay per step")
 CHECKS: dict[str, Check] = {
     "seed": NONNEG,
     # data.*
-    "data.max_records": at_least(0, "0 = all"), "data.max_length": at_least(2, "tokens per sequence"),
+    "data.max_records": at_least(0, "0 = all"),
+    "data.max_length": at_least(2, "tokens per sequence"),
     "data.held_out": within(0, 1, hi_open=True, what="fraction kept for evaluation"),
-    "data.regenerate.num_samples": NONNEG, "data.regenerate.samples_per_prompt": POS,
-    "data.regenerate.max_new_tokens": POS, "data.regenerate.temperature": at_least(0.0, "0 = greedy"),
-    "data.regenerate.top_p": within(0, 1, lo_open=True, what="1.0 = off"), "data.regenerate.top_k": at_least(0, "0 = off"),
-    "data.regenerate.batch_size": POS, "data.regenerate.shard_size": POS, "data.regenerate.stop_ids": each(NONNEG),
+    "data.regenerate.num_samples": NONNEG,
+    "data.regenerate.samples_per_prompt": POS,
+    "data.regenerate.max_new_tokens": POS,
+    "data.regenerate.temperature": at_least(0.0, "0 = greedy"),
+    "data.regenerate.top_p": within(0, 1, lo_open=True, what="1.0 = off"),
+    "data.regenerate.top_k": at_least(0, "0 = off"),
+    "data.regenerate.batch_size": POS,
+    "data.regenerate.shard_size": POS,
+    "data.regenerate.stop_ids": each(NONNEG),
     # features.*
     "features.hidden_ids": each(at_least(0, "0 = embeddings .. L = final normed state")),
-    "features.topk": at_least(0, "0 = don't store"), "features.shard_size": POS, "features.batch_size": POS,
-    "features.target_dtype": Check(lambda v: v == "auto" or v in _dtype_names(),
-                                   "auto (bf16 where it pays) or a dtype name: float32 | bfloat16 | float16 (or fp32, bf16, fp16)"),
+    "features.topk": at_least(0, "0 = don't store"),
+    "features.shard_size": POS,
+    "features.batch_size": POS,
+    "features.target_dtype": Check(
+        lambda v: v == "auto" or v in _dtype_names(),
+        "auto (bf16 where it pays) or a dtype name: float32 | bfloat16 | float16 (or fp32, bf16, fp16)",
+    ),
     "features.attn": one_of("sdpa", "eager"),
     # train.*
-    "train.steps": at_least(0, "optimizer steps; 0 only with train.eval_only=true"), "train.batch_size": at_least(1, "sequences per micro-batch"),
+    "train.steps": at_least(0, "optimizer steps; 0 only with train.eval_only=true"),
+    "train.batch_size": at_least(1, "sequences per micro-batch"),
     "train.grad_accum": at_least(1, "micro-batches per optimizer step"),
-    "train.max_sequences": at_least(0, "0 = every train sequence"), "train.pack_length": at_least(0, "0 = no packing"),
-    "train.lr": above(0.0, "the peak learning rate"), "train.weight_decay": at_least(0.0),
-    "train.beta1": within(0, 1, hi_open=True), "train.beta2": within(0, 1, hi_open=True),
-    "train.warmup_steps": NONNEG, "train.min_lr_ratio": within(0, 1), "train.max_grad_norm": at_least(0.0, "0 = off"),
-    "train.eval_every": at_least(0, "0 = only at the end"), "train.eval_batches": POS, "train.tree_width": POS,
-    "train.sim_prompts": existing_file("a prompt file"), "train.sim_prompt_len": POS,
-    "train.sim_eval_prompts": at_least(0, "0 = no simulated tau"), "train.sim_periodic_prompts": NONNEG,
-    "train.sim_max_new_tokens": POS, "train.sim_chain": POS,
+    "train.max_sequences": at_least(0, "0 = every train sequence"),
+    "train.pack_length": at_least(0, "0 = no packing"),
+    "train.lr": above(0.0, "the peak learning rate"),
+    "train.weight_decay": at_least(0.0),
+    "train.beta1": within(0, 1, hi_open=True),
+    "train.beta2": within(0, 1, hi_open=True),
+    "train.warmup_steps": NONNEG,
+    "train.min_lr_ratio": within(0, 1),
+    "train.max_grad_norm": at_least(0.0, "0 = off"),
+    "train.eval_every": at_least(0, "0 = only at the end"),
+    "train.eval_batches": POS,
+    "train.tree_width": POS,
+    "train.sim_prompts": existing_file("a prompt file"),
+    "train.sim_prompt_len": POS,
+    "train.sim_eval_prompts": at_least(0, "0 = no simulated tau"),
+    "train.sim_periodic_prompts": NONNEG,
+    "train.sim_max_new_tokens": POS,
+    "train.sim_chain": POS,
     "train.sim_tree": Check(_tree_spec, "a tree shape: chain | static:FILE | dynamic:topk=8,depth=6,nodes=60"),
-    "train.save_every": at_least(0, "0 = only at the end"), "train.keep_checkpoints": POS, "train.log_every": POS,
-    "train.resume": Check(lambda v: v in ("auto", "never") or Path(v).is_dir(), "auto | never | a checkpoint directory",
-                          "set train.resume=auto, never, or an existing checkpoints/step_N directory"),
-    "train.num_workers": NONNEG, "train.threads": at_least(0, "0 = torch's default"),
+    "train.save_every": at_least(0, "0 = only at the end"),
+    "train.keep_checkpoints": POS,
+    "train.log_every": POS,
+    "train.resume": Check(
+        lambda v: v in ("auto", "never") or Path(v).is_dir(),
+        "auto | never | a checkpoint directory",
+        "set train.resume=auto, never, or an existing checkpoints/step_N directory",
+    ),
+    "train.num_workers": NONNEG,
+    "train.threads": at_least(0, "0 = torch's default"),
     # drafter.*
-    "drafter.eagle3.capture_ids": each(NONNEG), "drafter.eagle3.draft_vocab_size": POS,
-    "drafter.eagle3.intermediate_size": at_least(0, "0 = the target's"), "drafter.eagle3.ttt_steps": POS,
+    "drafter.eagle3.capture_ids": each(NONNEG),
+    "drafter.eagle3.draft_vocab_size": POS,
+    "drafter.eagle3.intermediate_size": at_least(0, "0 = the target's"),
+    "drafter.eagle3.ttt_steps": POS,
     "drafter.eagle3.step_decay": DECAY,
-    "drafter.eagle1.intermediate_size": at_least(0, "0 = the target's"), "drafter.eagle1.ce_weight": at_least(0.0),
-    "drafter.eagle1.feature_noise": at_least(0.0), "drafter.eagle1.eval_depth": POS,
+    "drafter.eagle1.intermediate_size": at_least(0, "0 = the target's"),
+    "drafter.eagle1.ce_weight": at_least(0.0),
+    "drafter.eagle1.feature_noise": at_least(0.0),
+    "drafter.eagle1.eval_depth": POS,
     "drafter.eagle3.noise_std": at_least(0.0, "gaussian std / uniform half-width / relative std"),
     "drafter.eagle1.noise_std": at_least(0.0, "gaussian std / uniform half-width / relative std"),
     "drafter.layerskip.lora_layers": each(NONNEG),
-    "drafter.medusa.num_heads": POS, "drafter.medusa.num_layers": POS, "drafter.medusa.loss": one_of("ce", "kl"),
+    "drafter.medusa.num_heads": POS,
+    "drafter.medusa.num_layers": POS,
+    "drafter.medusa.loss": one_of("ce", "kl"),
     "drafter.medusa.step_decay": DECAY,
-    "drafter.layerskip.mode": one_of("exit_head", "lora", "full"), "drafter.layerskip.exits": each(POS),
-    "drafter.layerskip.draft_exit": at_least(0, "0 = L // 4"), "drafter.layerskip.adapter_rank": NONNEG,
+    "drafter.layerskip.mode": one_of("exit_head", "lora", "full"),
+    "drafter.layerskip.exits": each(POS),
+    "drafter.layerskip.draft_exit": at_least(0, "0 = L // 4"),
+    "drafter.layerskip.adapter_rank": NONNEG,
     "drafter.layerskip.loss": one_of("kl", "ce"),
     "drafter.layerskip.scale": one_of("uniform", "linear", "sum", "sqrt", "inv", "inv_sqrt"),
-    "drafter.layerskip.curriculum": one_of("none", "rotational", "gradual"), "drafter.layerskip.rotation_every": POS,
-    "drafter.layerskip.curriculum_steps": POS, "drafter.layerskip.gradual_fraction": within(0, 1),
-    "drafter.layerskip.lora_rank": POS, "drafter.layerskip.lora_alpha": POS, "drafter.layerskip.lora_dropout": PROB,
-    "drafter.layerskip.layer_dropout": PROB, "drafter.layerskip.eval_depth": POS,
+    "drafter.layerskip.curriculum": one_of("none", "rotational", "gradual"),
+    "drafter.layerskip.rotation_every": POS,
+    "drafter.layerskip.curriculum_steps": POS,
+    "drafter.layerskip.gradual_fraction": within(0, 1),
+    "drafter.layerskip.lora_rank": POS,
+    "drafter.layerskip.lora_alpha": POS,
+    "drafter.layerskip.lora_dropout": PROB,
+    "drafter.layerskip.layer_dropout": PROB,
+    "drafter.layerskip.eval_depth": POS,
 }
-FREE_TEXT = {"target", "run_dir", "name", "data.source", "data.split", "data.regenerate.out_dir", "features.cache_dir",
-             "train.init_from", "drafter.layerskip.lora_targets"}  # string settings any text may fill (checked where they are read)
+FREE_TEXT = {
+    "target",
+    "run_dir",
+    "name",
+    "data.source",
+    "data.split",
+    "data.regenerate.out_dir",
+    "features.cache_dir",
+    "train.init_from",
+    "drafter.layerskip.lora_targets",
+}  # string settings any text may fill (checked where they are read)
 
 
 def problems(get: Callable[[str], Any]) -> list[tuple[str, str]]:
@@ -164,12 +222,22 @@ def problems(get: Callable[[str], Any]) -> list[tuple[str, str]]:
         if v is not None and not c.ok(v):
             out.append((key, f"{key}={_show(v)}: must be {c.allowed}; {c.fix.format(key=key)}"))
     if get("train.steps") == 0 and not get("train.eval_only"):
-        out.append(("train.steps", "train.steps=0: trains nothing and would export an untrained drafter; set "
-                    "train.steps >= 1, or train.eval_only=true to only evaluate the newest checkpoint"))
+        out.append(
+            (
+                "train.steps",
+                "train.steps=0: trains nothing and would export an untrained drafter; set "
+                "train.steps >= 1, or train.eval_only=true to only evaluate the newest checkpoint",
+            )
+        )
     pack, length = get("train.pack_length"), get("data.max_length")
     if pack and length and 0 < pack < length:
-        out.append(("train.pack_length", f"train.pack_length={pack}: must be 0 or >= data.max_length ({length}): "
-                    f"a row holds whole sequences; set train.pack_length={length} or more, or 0"))
+        out.append(
+            (
+                "train.pack_length",
+                f"train.pack_length={pack}: must be 0 or >= data.max_length ({length}): "
+                f"a row holds whole sequences; set train.pack_length={length} or more, or 0",
+            )
+        )
     return out
 
 
@@ -179,8 +247,10 @@ def unread_sections(kind: str, keys: Iterable[str]) -> list[str]:
     for key in sorted(set(keys)):
         parts = key.split(".")
         if kind and len(parts) > 2 and parts[0] == "drafter" and parts[1] != kind:
-            out.append(f"{key} is set but drafter.kind is {kind!r}, which never reads the drafter.{parts[1]} section; "
-                       f"remove it, or set drafter.kind={parts[1]}")
+            out.append(
+                f"{key} is set but drafter.kind is {kind!r}, which never reads the drafter.{parts[1]} section; "
+                f"remove it, or set drafter.kind={parts[1]}"
+            )
     return out
 
 

@@ -94,14 +94,18 @@ def prompt_set(cfg, target: Target, eval_ds) -> list[list[int]]:
         return []
     room = target.max_positions - cfg.sim_max_new_tokens
     if room < 1:
-        raise ValueError(f"train.sim_max_new_tokens={cfg.sim_max_new_tokens} leaves no room for a prompt in "
-                         f"the target's {target.max_positions} positions; lower it")
+        raise ValueError(
+            f"train.sim_max_new_tokens={cfg.sim_max_new_tokens} leaves no room for a prompt in "
+            f"the target's {target.max_positions} positions; lower it"
+        )
     if cfg.sim_prompts:
         prompts = file_prompts(target, cfg.sim_prompts, cfg.sim_eval_prompts)
         long = [len(p) for p in prompts if len(p) > room]
         if long:
-            raise ValueError(f"train.sim_prompts: a prompt of {max(long)} tokens + sim_max_new_tokens exceeds the "
-                             f"target's {target.max_positions} positions; shorten it or lower sim_max_new_tokens")
+            raise ValueError(
+                f"train.sim_prompts: a prompt of {max(long)} tokens + sim_max_new_tokens exceeds the "
+                f"target's {target.max_positions} positions; shorten it or lower sim_max_new_tokens"
+            )
         return prompts
     return held_out_prompts(eval_ds, cfg.sim_eval_prompts, cfg.sim_prompt_len, room)
 
@@ -111,8 +115,15 @@ def prompt_set(cfg, target: Target, eval_ds) -> list[list[int]]:
 
 def set_key(prompts: list[list[int]], target: Target, max_new_tokens: int) -> str:
     """What the cached continuations depend on: the prompts, the target and the length."""
-    blob = json.dumps({"prompts": prompts, "target": str(target.name_or_path), "vocab": target.vocab_size,
-                       "layers": target.num_layers, "max_new_tokens": max_new_tokens})
+    blob = json.dumps(
+        {
+            "prompts": prompts,
+            "target": str(target.name_or_path),
+            "vocab": target.vocab_size,
+            "layers": target.num_layers,
+            "max_new_tokens": max_new_tokens,
+        }
+    )
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -123,8 +134,9 @@ def greedy_continuations(target: Target, prompts: list[list[int]], max_new_token
     return [generate(target, ARDrafter(), torch.tensor(p), max_new_tokens).tokens for p in prompts]
 
 
-def load_or_build(path: Path, target: Target, prompts: list[list[int]], max_new_tokens: int,
-                  write: bool = True) -> list[dict[str, list[int]]]:
+def load_or_build(
+    path: Path, target: Target, prompts: list[list[int]], max_new_tokens: int, write: bool = True
+) -> list[dict[str, list[int]]]:
     """[{prompt, greedy}] from `path` when its key matches, else built (and written atomically if `write`)."""
     key = set_key(prompts, target, max_new_tokens)
     if path.is_file():
@@ -146,8 +158,9 @@ def load_or_build(path: Path, target: Target, prompts: list[list[int]], max_new_
 # --- 3. decoding with the in-training drafter ----------------------------------------------------
 
 
-def decoding_tau(module: nn.Module, target: Target, items: list[dict[str, list[int]]], tree: str,
-                 draft_len: int, max_new_tokens: int) -> tuple[GenStats, float]:
+def decoding_tau(
+    module: nn.Module, target: Target, items: list[dict[str, list[int]]], tree: str, draft_len: int, max_new_tokens: int
+) -> tuple[GenStats, float]:
     """(merged GenStats, fraction equal to the greedy reference) of greedy decoding every item's prompt
     with the module's decode-time drafter shaped `tree` (chain | static:FILE | dynamic:...)."""
     shape = parse_shape(tree, draft_len)
@@ -169,6 +182,11 @@ def sim_eval(module: nn.Module, target: Target, items: list[dict[str, list[int]]
     chain, chain_same = decoding_tau(module, target, items, "chain", cfg.sim_chain, cfg.sim_max_new_tokens)
     tree, tree_same = decoding_tau(module, target, items, cfg.sim_tree, cfg.sim_chain, cfg.sim_max_new_tokens)
     module.train(was)  # module.drafter() switches the module to eval mode
-    return {"eval/sim_tau_chain": chain.tau, "eval/sim_tau_tree": tree.tau, "eval/sim_prompts": len(items),
-            "eval/sim_accept_by_depth_chain": chain.acceptance_by_depth,
-            "eval/sim_matches_ar": (chain_same + tree_same) / 2, "eval/sim_s": time.perf_counter() - t0}
+    return {
+        "eval/sim_tau_chain": chain.tau,
+        "eval/sim_tau_tree": tree.tau,
+        "eval/sim_prompts": len(items),
+        "eval/sim_accept_by_depth_chain": chain.acceptance_by_depth,
+        "eval/sim_matches_ar": (chain_same + tree_same) / 2,
+        "eval/sim_s": time.perf_counter() - t0,
+    }

@@ -42,12 +42,13 @@ def find_step(run_dir: Path, step: int | None) -> Path:
     for p in found:
         if p.name == f"{CKPT_PREFIX}{step}":
             return p
-    steps = ", ".join(p.name[len(CKPT_PREFIX):] for p in found)
+    steps = ", ".join(p.name[len(CKPT_PREFIX) :] for p in found)
     raise UserError(f"{run_dir}: no checkpoint of step {step}; there are steps {steps}")
 
 
-def snapshot(run_dir: str | Path, step: int | None = None, out: str | Path | None = None,
-             target: Target | None = None) -> Path:
+def snapshot(
+    run_dir: str | Path, step: int | None = None, out: str | Path | None = None, target: Target | None = None
+) -> Path:
     """Write the native drafter of `step`'s checkpoint (None: the newest) to `out`; returns `out`.
 
     `target`: the run's target, already loaded (saves a reload when many steps are exported); a LayerSkip-LoRA
@@ -66,14 +67,18 @@ def snapshot(run_dir: str | Path, step: int | None = None, out: str | Path | Non
     # 2. the checkpoint's weights, every key required.
     weights = ckpt / "model.safetensors"
     if not weights.is_file():
-        raise UserError(f"{weights} is missing (a sharded FSDP/ZeRO-3 checkpoint? export its final step from "
-                        f"{run_dir / 'export'} instead)")
+        raise UserError(
+            f"{weights} is missing (a sharded FSDP/ZeRO-3 checkpoint? export its final step from "
+            f"{run_dir / 'export'} instead)"
+        )
     raw = load_file(str(weights))
     state = {k.removeprefix(PREFIX): v for k, v in raw.items() if k.startswith(PREFIX)}
     missing, extra = module.load_state_dict(state, strict=False)
     if missing or extra:
-        raise UserError(f"{weights}: keys do not match the run's {recipe.drafter.kind} drafter (missing "
-                        f"{sorted(missing)[:5]}, unexpected {sorted(extra)[:5]}): was config.yaml edited?")
+        raise UserError(
+            f"{weights}: keys do not match the run's {recipe.drafter.kind} drafter (missing "
+            f"{sorted(missing)[:5]}, unexpected {sorted(extra)[:5]}): was config.yaml edited?"
+        )
     # 3. the native directory, atomically.
     out = Path(out) if out else run_dir / "snapshots" / ckpt.name
     return save_drafter(module, out, recipe=to_dict(recipe), target_id=recipe.target)

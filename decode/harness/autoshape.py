@@ -153,8 +153,9 @@ def grid(max_depth: int, width: int) -> list[Shape]:
     return shapes
 
 
-def choose(p: Acceptance, costs: Costs, verify_s: Callable[[float], float], max_depth: int,
-           width: int) -> tuple[Candidate, list[Candidate]]:
+def choose(
+    p: Acceptance, costs: Costs, verify_s: Callable[[float], float], max_depth: int, width: int
+) -> tuple[Candidate, list[Candidate]]:
     """The grid's best candidate by predicted tokens/s (ties: the fewer rows), and every candidate."""
     cands = [predict(p, s, costs, verify_s) for s in grid(max_depth, width)]
     best = max(cands, key=lambda c: (round(c.tau / c.round_s, 9), -c.round_s))
@@ -191,12 +192,16 @@ class AutoChoice:
 
     def summary(self) -> dict:
         pred = self.predicted
-        return {"shape": shape_spec(self.shape), "follows_shape": self.follows_shape,
-                "predicted_tau": pred.tau if pred else None,
-                "predicted_speedup_vs_ar": pred.speedup if pred else None,
-                "predicted_round_s": pred.round_s if pred else None,
-                "calibration": self.calibration, "calibration_cached": self.cached,
-                "acceptance_by_depth_rank": self.acceptance}
+        return {
+            "shape": shape_spec(self.shape),
+            "follows_shape": self.follows_shape,
+            "predicted_tau": pred.tau if pred else None,
+            "predicted_speedup_vs_ar": pred.speedup if pred else None,
+            "predicted_round_s": pred.round_s if pred else None,
+            "calibration": self.calibration,
+            "calibration_cached": self.cached,
+            "acceptance_by_depth_rank": self.acceptance,
+        }
 
     def describe(self) -> str:
         """One line for the console: the choice and its predicted τ and speedup."""
@@ -212,21 +217,33 @@ def pass_cost_curve(target: Target, prefix: int = 64) -> dict[int, float]:
     tokens = tuple(n for n in CURVE_TOKENS if prefix + n <= target.max_positions)
     # the fastest of 5 rotated rounds: the cost of the pass itself, not of the other jobs pre-empting it (the
     # calibrated drafter costs and the measured rows pay the machine's load alike)
-    return measure_pass_cost(target, tokens, prefix=min(prefix, target.max_positions - max(tokens)), repeats=5,
-                             reduce=min)
+    return measure_pass_cost(
+        target, tokens, prefix=min(prefix, target.max_positions - max(tokens)), repeats=5, reduce=min
+    )
 
 
-def resolve(decode: cal.DecodeFn, target: Target, drafter: Drafter, spec: str, prompts: list[Tensor],
-            curve: dict[int, float], run_dir: str | Path | None = None, max_new_tokens: int = 64,
-            depth: int = 8, width: int = 8, fallback: Shape = Shape()) -> AutoChoice:
+def resolve(
+    decode: cal.DecodeFn,
+    target: Target,
+    drafter: Drafter,
+    spec: str,
+    prompts: list[Tensor],
+    curve: dict[int, float],
+    run_dir: str | Path | None = None,
+    max_new_tokens: int = 64,
+    depth: int = 8,
+    width: int = 8,
+    fallback: Shape = Shape(),
+) -> AutoChoice:
     """Calibrate the acceptance (or read it from the cache), measure the costs, then choose the shape with the
     most predicted tokens per second.
 
     A drafter that proposes its own trees (lookup) cannot be given a shape: it keeps `fallback`.
     """
     path = cal.cache_path(spec, run_dir)
-    key = cal.cache_key(cal.target_identity(target), str(target.dtype).removeprefix("torch."), depth, width,
-                        cal.drafter_stamp(spec))
+    key = cal.cache_key(
+        cal.target_identity(target), str(target.dtype).removeprefix("torch."), depth, width, cal.drafter_stamp(spec)
+    )
     entry = cal.load_cached(path, key) if path is not None else None
     if entry is not None and entry.get("prompts", 0) < len(prompts):
         entry = None  # measured on fewer prompts than this run calibrates on (a one-prompt `generate`): measure again

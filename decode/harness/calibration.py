@@ -48,8 +48,9 @@ def caterpillar_parents(depth: int, width: int) -> list[int]:
     return [-1 if d == 0 else (d - 1) * width for d in range(depth) for _ in range(width)]
 
 
-def count_ranks(rounds: list[tuple[DraftTree, list[int]]], depth: int, width: int
-                ) -> tuple[list[list[int]], list[int], bool]:
+def count_ranks(
+    rounds: list[tuple[DraftTree, list[int]]], depth: int, width: int
+) -> tuple[list[list[int]], list[int], bool]:
     """hits[d][r], trials[d] from (tree, accepted path) rounds of the caterpillar; False = the drafter did
     not draft the caterpillar (it proposes its own trees, e.g. a lookup drafter).
 
@@ -123,8 +124,9 @@ def verify_extra(runs: list[GenStats], curve: dict[int, float]) -> float:
     return max(0.0, (sum(s.verify_s for s in runs) - bare) / rounds) if rounds else 0.0
 
 
-def measure_acceptance(decode: DecodeFn, drafter: Drafter, prompts: list[Tensor], max_new_tokens: int,
-                       depth: int, width: int) -> dict:
+def measure_acceptance(
+    decode: DecodeFn, drafter: Drafter, prompts: list[Tensor], max_new_tokens: int, depth: int, width: int
+) -> dict:
     """Rank counts from the caterpillar on every prompt (what the cache keeps; the costs are measured afresh)."""
     hits, trials, follows = [[0] * width for _ in range(depth)], [0] * depth, True
     decode(drafter, prompts[0], min(8, max_new_tokens), caterpillar(depth, width))  # warm-up
@@ -135,12 +137,26 @@ def measure_acceptance(decode: DecodeFn, drafter: Drafter, prompts: list[Tensor]
         hits = [[a + b for a, b in zip(x, y)] for x, y in zip(hits, h)]
         trials = [a + b for a, b in zip(trials, t)]
         follows = follows and f
-    return {"hits": hits, "trials": trials, "follows_shape": follows, "depth": depth, "width": width,
-            "prompts": len(prompts), "max_new_tokens": max_new_tokens}
+    return {
+        "hits": hits,
+        "trials": trials,
+        "follows_shape": follows,
+        "depth": depth,
+        "width": width,
+        "prompts": len(prompts),
+        "max_new_tokens": max_new_tokens,
+    }
 
 
-def measure_costs(decode: DecodeFn, drafter: Drafter, prompt: Tensor, max_new_tokens: int, depth: int, width: int,
-                  curve: dict[int, float]) -> dict[str, float]:
+def measure_costs(
+    decode: DecodeFn,
+    drafter: Drafter,
+    prompt: Tensor,
+    max_new_tokens: int,
+    depth: int,
+    width: int,
+    curve: dict[int, float],
+) -> dict[str, float]:
     """The drafter's and the loop's seconds on one prompt, now (the machine's load moves them, as it moves `curve`).
 
     1. untimed warm-up, then AR: the loop's overhead per round without drafting;
@@ -153,8 +169,11 @@ def measure_costs(decode: DecodeFn, drafter: Drafter, prompt: Tensor, max_new_to
     decode(ARDrafter(), prompt, min(8, max_new_tokens), Shape())
     ar = decode(ARDrafter(), prompt, max_new_tokens, Shape())
     runs, stats = {}, {}
-    for name, shape in (("narrow", caterpillar(depth, width)), ("chain", Shape("chain", k=1)),
-                        ("wide", Shape("dynamic", topk=width, depth=depth, nodes=width * depth))):
+    for name, shape in (
+        ("narrow", caterpillar(depth, width)),
+        ("chain", Shape("chain", k=1)),
+        ("wide", Shape("dynamic", topk=width, depth=depth, nodes=width * depth)),
+    ):
         rec = Recorder(drafter)
         stats[name] = decode(rec, prompt, max_new_tokens, shape)
         runs[name] = list(zip(rec.propose_s, (tree.depth() for tree, _ in rec.rounds)))
@@ -162,12 +181,18 @@ def measure_costs(decode: DecodeFn, drafter: Drafter, prompt: Tensor, max_new_to
     e1, en = verify_extra([ar], curve), verify_extra([narrow], curve)
     rows = 1 + narrow.draft_nodes / narrow.rounds if narrow.rounds else 1.0
     slope = max(0.0, (en - e1) / (rows - 1)) if rows > 1 else 0.0
-    return {**call_costs(runs["chain"], runs["narrow"], runs["wide"]), "verify_extra_1": e1,
-            "verify_extra_per_row": slope, "round_s": loop_overhead(narrow), "round_ar_s": loop_overhead(ar)}
+    return {
+        **call_costs(runs["chain"], runs["narrow"], runs["wide"]),
+        "verify_extra_1": e1,
+        "verify_extra_per_row": slope,
+        "round_s": loop_overhead(narrow),
+        "round_ar_s": loop_overhead(ar),
+    }
 
 
-def call_costs(one: list[tuple[float, int]], narrow: list[tuple[float, int]], wide: list[tuple[float, int]]
-               ) -> dict[str, float]:
+def call_costs(
+    one: list[tuple[float, int]], narrow: list[tuple[float, int]], wide: list[tuple[float, int]]
+) -> dict[str, float]:
     """Per-round drafting seconds a + calls x c(width), from (propose seconds, levels) of three runs.
 
     one: chains of 1 (a + c1); narrow: the caterpillar (a + levels x c1, every call over one node);
@@ -201,8 +226,11 @@ def drafter_stamp(spec: str) -> str:
     path = Path(spec)
     if not path.is_dir():
         return spec
-    files = sorted((f.relative_to(path).as_posix(), f.stat().st_size, f.stat().st_mtime_ns)
-                   for f in path.rglob("*") if f.is_file() and f.name != CACHE_FILE)
+    files = sorted(
+        (f.relative_to(path).as_posix(), f.stat().st_size, f.stat().st_mtime_ns)
+        for f in path.rglob("*")
+        if f.is_file() and f.name != CACHE_FILE
+    )
     return hashlib.sha256(repr(files).encode()).hexdigest()[:12]
 
 

@@ -39,15 +39,31 @@ def divergences(target: Target, runs: list[SpecRun], convs: list[Conversation]) 
             done.add(t.id)
             i = next((j for j, (a, b) in enumerate(zip(ref.tokens, t.tokens)) if a != b), None)
             if i is None:  # one is a prefix of the other (an EOS or a length cut differs)
-                found.append({"conversation": t.id, "turn": t.turn, "position": min(len(ref.tokens), len(t.tokens)),
-                              "ar_token": None, "got_token": None, "ar_top2_margin": None})
+                found.append(
+                    {
+                        "conversation": t.id,
+                        "turn": t.turn,
+                        "position": min(len(ref.tokens), len(t.tokens)),
+                        "ar_token": None,
+                        "got_token": None,
+                        "ar_top2_margin": None,
+                    }
+                )
                 continue
             answers = [answer_text(tok, ar_turns[(t.id, k)].tokens) for k in range(t.turn)]
             text, special = render_turn(tok, turns_of[t.id], answers)
             ids = torch.cat([encode_prompt(target, text, special), torch.tensor(ref.tokens[:i], dtype=torch.long)])
             top = target.forward(ids, None).logits[-1].float().topk(2).values
-            found.append({"conversation": t.id, "turn": t.turn, "position": i, "ar_token": ref.tokens[i],
-                          "got_token": t.tokens[i], "ar_top2_margin": float(top[0] - top[1])})
+            found.append(
+                {
+                    "conversation": t.id,
+                    "turn": t.turn,
+                    "position": i,
+                    "ar_token": ref.tokens[i],
+                    "got_token": t.tokens[i],
+                    "ar_top2_margin": float(top[0] - top[1]),
+                }
+            )
         out[run.spec] = found
     return out
 
@@ -59,12 +75,18 @@ def print_table(report: dict, file=sys.stdout) -> None:
     print(cols, file=file)
     for d in report["drafters"]:
         m = {True: "yes", False: "NO", None: "-"}[d["matches_ar"]]
-        proj = "".join(f" {r['speedup_vs_ar']:>8.2f}" for r in d["cost_model"]) if d["cost_model"] else \
-            "".join(f" {'-':>8}" for _ in costs)
+        proj = (
+            "".join(f" {r['speedup_vs_ar']:>8.2f}" for r in d["cost_model"])
+            if d["cost_model"]
+            else "".join(f" {'-':>8}" for _ in costs)
+        )
         r = d.get("speedup_vs_ar_per_conversation") or []
         spread = f"{statistics.median(r):.2f} [{min(r):.2f}, {max(r):.2f}]" if r else "-"
-        print(f"{d['name']:<28} {d['mean_accepted_tokens']:>6.3f} {d['tokens_per_s']:>8.1f} "
-              f"{d['speedup_vs_ar']:>6.2f} {spread:>30} {m:>7}{proj}", file=file)
+        print(
+            f"{d['name']:<28} {d['mean_accepted_tokens']:>6.3f} {d['tokens_per_s']:>8.1f} "
+            f"{d['speedup_vs_ar']:>6.2f} {spread:>30} {m:>7}{proj}",
+            file=file,
+        )
 
 
 def print_divergences(report: dict, file=sys.stdout) -> None:
@@ -72,5 +94,8 @@ def print_divergences(report: dict, file=sys.stdout) -> None:
     for d in report["drafters"]:
         for v in d.get("divergences", []):
             m = "-" if v["ar_top2_margin"] is None else f"{v['ar_top2_margin']:.4f}"
-            print(f"diverged: {d['name']} conversation {v['conversation']} turn {v['turn']} at token {v['position']}"
-                  f" (AR {v['ar_token']}, got {v['got_token']}); AR top-2 logit margin {m}", file=file)
+            print(
+                f"diverged: {d['name']} conversation {v['conversation']} turn {v['turn']} at token {v['position']}"
+                f" (AR {v['ar_token']}, got {v['got_token']}); AR top-2 logit margin {m}",
+                file=file,
+            )

@@ -27,12 +27,7 @@ from decode.options import parse_kv
 from decode.sampling import SamplingConfig
 from decode.target import Target
 
-HF_FORMS = [
-    "hf-generate",
-    "hf-assisted:early-exit:K",
-    "hf-assisted:draft-model:DIR",
-    "hf-prompt-lookup[:ngram=3,k=10]",
-]
+HF_FORMS = ["hf-generate", "hf-assisted:early-exit:K", "hf-assisted:draft-model:DIR", "hf-prompt-lookup[:ngram=3,k=10]"]
 
 
 def is_hf_spec(spec: str) -> bool:
@@ -84,16 +79,31 @@ class HFPeer:
             mode = dict(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
         torch.manual_seed(seed)  # HF samples from the global generator
         start = time.perf_counter()
-        with torch.inference_mode(), CallCounter(self.target.layers[-1]) as last, CallCounter(self.draft_layer) as first:
+        with (
+            torch.inference_mode(),
+            CallCounter(self.target.layers[-1]) as last,
+            CallCounter(self.draft_layer) as first,
+        ):
             # max_length, not max_new_tokens, which HF warns conflicts with the model's own max_length
-            out = self.target.model.generate(ids, attention_mask=torch.ones_like(ids),
-                                             max_length=ids.shape[1] + max_new_tokens, eos_token_id=eos or None,
-                                             pad_token_id=eos[0] if eos else None, **mode, **self.gen_kwargs)
+            out = self.target.model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_length=ids.shape[1] + max_new_tokens,
+                eos_token_id=eos or None,
+                pad_token_id=eos[0] if eos else None,
+                **mode,
+                **self.gen_kwargs,
+            )
         wall = time.perf_counter() - start
-        tokens = out[0, ids.shape[1]:].tolist()
+        tokens = out[0, ids.shape[1] :].tolist()
         passes, firsts = last.calls, first.calls
-        stats = GenStats(new_tokens=len(tokens), target_passes=passes, rounds=max(0, passes - 1), wall_s=wall,
-                         drafter_passes=firsts - passes if self.draft_is_target else firsts)
+        stats = GenStats(
+            new_tokens=len(tokens),
+            target_passes=passes,
+            rounds=max(0, passes - 1),
+            wall_s=wall,
+            drafter_passes=firsts - passes if self.draft_is_target else firsts,
+        )
         return Generation(tokens, stats)
 
 
@@ -104,15 +114,17 @@ def make_hf_peer(spec: str, target: Target, draft_len: int) -> HFPeer:
         return HFPeer(spec, target, {})
     if name == "hf-prompt-lookup":
         kv = parse_kv(arg, {"ngram": 3, "k": 10}, f"drafter {spec!r}")
-        return HFPeer(spec, target, {"prompt_lookup_num_tokens": int(kv["k"]),
-                                     "max_matching_ngram_size": int(kv["ngram"])})
+        return HFPeer(
+            spec, target, {"prompt_lookup_num_tokens": int(kv["k"]), "max_matching_ngram_size": int(kv["ngram"])}
+        )
     if name == "hf-assisted":
         how, _, val = arg.partition(":")
         if how == "early-exit":
             k = int(val) if val.isdigit() else -1
             if not 1 <= k < target.num_layers:
-                raise ValueError(f"{spec}: K must be an integer in 1..{target.num_layers - 1} for a "
-                                 f"{target.num_layers}-layer target")
+                raise ValueError(
+                    f"{spec}: K must be an integer in 1..{target.num_layers - 1} for a {target.num_layers}-layer target"
+                )
             fixed_chain_assistant(target.model, draft_len)
             return HFPeer(spec, target, {"assistant_early_exit": k})
         if how == "draft-model" and val:

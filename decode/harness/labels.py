@@ -108,5 +108,8 @@ def checkpoint_kind(spec: str) -> str | None:
     if not isinstance(cfg, dict):
         return None
     arch = " ".join(cfg.get("architectures") or [])
-    return (cfg.get("draftsmith_drafter") or cfg.get("speculators_model_type")
-            or ("eagle3" if "Eagle3" in arch else "medusa" if "num_heads" in cfg else None))
+    return (
+        cfg.get("draftsmith_drafter")
+        or cfg.get("speculators_model_type")
+        or ("eagle3" if "Eagle3" in arch else "medusa" if "num_heads" in cfg else None)
+    )

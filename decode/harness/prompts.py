@@ -39,14 +39,15 @@ def load_prompts(path: str | Path, limit: int | None = None) -> list[Conversatio
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError as e:
-        raise PromptFileError(f"{path}: not a UTF-8 text file (byte {e.start}); give one prompt a line or jsonl rows") from None
+        raise PromptFileError(
+            f"{path}: not a UTF-8 text file (byte {e.start}); give one prompt a line or jsonl rows"
+        ) from None
     numbered = [(n, line) for n, line in enumerate(lines, start=1) if line.strip()]
     if not numbered:
         raise PromptFileError(f"{path}: no prompts (the file is empty); give one prompt a line or jsonl rows")
     is_jsonl = path.suffix in JSONL_SUFFIXES or numbered[0][1].lstrip().startswith("{")
     convs = [parse_json_line(path, n, line) if is_jsonl else text_line(n, line) for n, line in numbered]
     return convs[:limit] if limit is not None else convs
-
 
 
 def first_per_category(convs: list[Conversation], n: int) -> list[Conversation]:
@@ -76,8 +77,9 @@ def parse_json_line(path: Path, lineno: int, line: str) -> Conversation:
     try:
         row = json.loads(line)
     except json.JSONDecodeError as e:
-        raise PromptFileError(f"{where}: not valid JSON ({e.msg}, column {e.colno}); a jsonl prompt file needs "
-                              "one JSON object per line") from None
+        raise PromptFileError(
+            f"{where}: not valid JSON ({e.msg}, column {e.colno}); a jsonl prompt file needs one JSON object per line"
+        ) from None
     if not isinstance(row, dict):
         raise PromptFileError(f"{where}: expected a JSON object, got {type(row).__name__}")
     if "turns" in row:
@@ -90,8 +92,9 @@ def parse_json_line(path: Path, lineno: int, line: str) -> Conversation:
             raise PromptFileError(f"{where}: 'prompt' must be a non-empty string")
         turns, qid = [row["prompt"]], row.get("id", lineno)
     else:
-        raise PromptFileError(f"{where}: a row needs 'turns' (Spec-Bench/MT-bench) or 'prompt'; keys were "
-                              f"{sorted(row)}")
+        raise PromptFileError(
+            f"{where}: a row needs 'turns' (Spec-Bench/MT-bench) or 'prompt'; keys were {sorted(row)}"
+        )
     category = row.get("category", DEFAULT_CATEGORY)
     if not isinstance(category, str) or not category:
         raise PromptFileError(f"{where}: 'category' must be a non-empty string")
@@ -125,4 +128,3 @@ def render_turn(tokenizer, turns: tuple[str, ...], answers: list[str]) -> tuple[
 def answer_text(tokenizer, tokens: list[int]) -> str:
     """The model's answer as text for the next turn's prompt (special tokens dropped, as Spec-Bench does)."""
     return tokenizer.decode(tokens, skip_special_tokens=True).strip()
-

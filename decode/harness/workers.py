@@ -82,15 +82,30 @@ def run_shard(shard: Shard) -> list[tuple[int, dict[str, list[TurnResult]]]]:
         shard.warm_up([r for _, r in runners], target, shard.convs[0][2], shard.cfg)
     cold = replace(shard.cfg, warmup=False)
     out = []
-    for c, first, conv in tqdm(shard.convs, desc=f"worker {shard.position}", unit="conv", position=shard.position,
-                               file=sys.stderr, dynamic_ncols=True, leave=False, disable=not shard.progress):
+    for c, first, conv in tqdm(
+        shard.convs,
+        desc=f"worker {shard.position}",
+        unit="conv",
+        position=shard.position,
+        file=sys.stderr,
+        dynamic_ncols=True,
+        leave=False,
+        disable=not shard.progress,
+    ):
         out.append((c, shard.decode_conversation(target, runners, conv, cold, c, first)))
     return out
 
 
-def decode_in_workers(target: Target, runners: list, convs: list[Conversation], firsts: list[int], cfg,
-                      workers: int, progress: bool, fns: tuple[Callable, Callable, Callable]
-                      ) -> list[dict[str, list[TurnResult]]]:
+def decode_in_workers(
+    target: Target,
+    runners: list,
+    convs: list[Conversation],
+    firsts: list[int],
+    cfg,
+    workers: int,
+    progress: bool,
+    fns: tuple[Callable, Callable, Callable],
+) -> list[dict[str, list[TurnResult]]]:
     """Per conversation (in order), every row's turns, decoded by `workers` 1-thread processes.
     fns: make_run (decode.harness.evaluate), warm_up and decode_conversation (decode.harness.runs)."""
     name = getattr(target, "name_or_path", None)
@@ -103,11 +118,23 @@ def decode_in_workers(target: Target, runners: list, convs: list[Conversation], 
     if missing:
         raise RuntimeError(f"auto rows {missing} have no shape yet: choose_auto_shapes runs before the workers")
     dtype = str(target.dtype).removeprefix("torch.")
-    shards = [Shard(name, dtype, tuple(s for s, _ in runners), shapes,
-                    tuple((c, firsts[c], convs[c]) for c in range(w, len(convs), workers)), cfg, w, progress, *fns)
-              for w in range(min(workers, len(convs)))]
-    with ProcessPoolExecutor(len(shards), mp_context=mp.get_context("spawn"), initializer=exit_with_parent,
-                             initargs=(os.getpid(),)) as pool:
+    shards = [
+        Shard(
+            name,
+            dtype,
+            tuple(s for s, _ in runners),
+            shapes,
+            tuple((c, firsts[c], convs[c]) for c in range(w, len(convs), workers)),
+            cfg,
+            w,
+            progress,
+            *fns,
+        )
+        for w in range(min(workers, len(convs)))
+    ]
+    with ProcessPoolExecutor(
+        len(shards), mp_context=mp.get_context("spawn"), initializer=exit_with_parent, initargs=(os.getpid(),)
+    ) as pool:
         results = list(pool.map(run_shard, shards))
     by_conv = dict(item for part in results for item in part)
     return [by_conv[c] for c in range(len(convs))]

@@ -18,8 +18,12 @@ from drafters.serving.layouts.rules import engine_default_ids
 from drafters.serving.model_card import CardFacts, Evaluation
 
 RUN_FILES = ("metrics.jsonl", "config.yaml", "final_eval.json")  # what makes a directory a training run's
-LICENCE_FIRST_LINES = {"mit license": "mit", "apache license": "apache-2.0", "bsd 3-clause": "bsd-3-clause",
-                       "bsd 2-clause": "bsd-2-clause"}
+LICENCE_FIRST_LINES = {
+    "mit license": "mit",
+    "apache license": "apache-2.0",
+    "bsd 3-clause": "bsd-3-clause",
+    "bsd 2-clause": "bsd-2-clause",
+}
 
 
 def run_dir_of(ckpt: Path) -> Path | None:
@@ -89,8 +93,13 @@ def data_rows(recipe: dict) -> tuple[tuple[str, str], ...]:
     if regen.get("enabled"):
         t = regen.get("temperature", 1.0)
         how = "greedy" if t == 0 else f"temperature {t:g}, top-p {regen.get('top_p', 1.0):g}"
-        out.append(("regeneration", f"every answer written by the target itself ({how}, at most "
-                                    f"{regen.get('max_new_tokens', 0):,} new tokens, engine {regen.get('engine', 'auto')})"))
+        out.append(
+            (
+                "regeneration",
+                f"every answer written by the target itself ({how}, at most "
+                f"{regen.get('max_new_tokens', 0):,} new tokens, engine {regen.get('engine', 'auto')})",
+            )
+        )
     elif "regenerate" in d:
         out.append(("regeneration", "none: trained on the source's own answers"))
     return tuple(out)
@@ -101,8 +110,11 @@ def steps_time_s(rows: list[dict]) -> float:
     over its tokens_per_s); evaluations, checkpoints and data preparation are not in it."""
     total, seen = 0.0, 0
     for r in rows:
-        if isinstance(r.get("trained_tokens"), int) and isinstance(r.get("tokens_per_s"), (int, float)) \
-                and r["tokens_per_s"] > 0:
+        if (
+            isinstance(r.get("trained_tokens"), int)
+            and isinstance(r.get("tokens_per_s"), (int, float))
+            and r["tokens_per_s"] > 0
+        ):
             total += max(0, r["trained_tokens"] - seen) / float(r["tokens_per_s"])
             seen = r["trained_tokens"]
     return total
@@ -122,11 +134,21 @@ def training_rows(recipe: dict, rows: list[dict], kind: str) -> tuple[tuple[str,
     if steps is not None or t.get("steps"):
         out.append(("steps", f"{steps if steps is not None else t['steps']:,} optimizer steps"))
     if t.get("batch_size"):
-        out.append(("batch", f"{t['batch_size']} sequences per process per micro-batch x {t.get('grad_accum', 1)} "
-                             "accumulation step(s)"))
+        out.append(
+            (
+                "batch",
+                f"{t['batch_size']} sequences per process per micro-batch x {t.get('grad_accum', 1)} "
+                "accumulation step(s)",
+            )
+        )
     if t.get("optimizer"):
-        out.append(("optimizer", f"{t['optimizer']}, peak lr {float(t.get('lr', 0)):g}, {t.get('schedule', 'cosine')} "
-                                 f"schedule after {t.get('warmup_steps', 0)} warmup steps"))
+        out.append(
+            (
+                "optimizer",
+                f"{t['optimizer']}, peak lr {float(t.get('lr', 0)):g}, {t.get('schedule', 'cosine')} "
+                f"schedule after {t.get('warmup_steps', 0)} warmup steps",
+            )
+        )
     settings = (recipe.get("drafter") or {}).get(kind)
     if settings:
         out.append(("drafter settings", ", ".join(f"{k}={v}" for k, v in settings.items())))
@@ -140,8 +162,13 @@ def training_rows(recipe: dict, rows: list[dict], kind: str) -> tuple[tuple[str,
         out.append(("threads", f"{t['threads']} per process"))
     spent = steps_time_s(rows)
     if spent > 0:
-        out.append(("time in training steps", f"{duration(spent)} (metrics.jsonl's logged windows; evaluations, "
-                                              "checkpoints and data preparation not included)"))
+        out.append(
+            (
+                "time in training steps",
+                f"{duration(spent)} (metrics.jsonl's logged windows; evaluations, "
+                "checkpoints and data preparation not included)",
+            )
+        )
     if t.get("init_from"):
         out.append(("warm start", str(t["init_from"])))
     return tuple(out)
@@ -151,11 +178,18 @@ def sim_evaluation(row: dict, recipe: dict, source: str) -> Evaluation:
     """The decoding-faithful τ of a training run's evaluation row (train/simeval.py's eval/sim_* keys)."""
     t = recipe.get("train") or {}
     prompts = f"prompts of {t['sim_prompts']}" if t.get("sim_prompts") else "held-out prompts"
-    setting = (f"{row.get('eval/sim_prompts', '?')} {prompts}, greedy, {t.get('sim_max_new_tokens', '?')} new "
-               f"tokens, draftsmith's decoder at step {row.get('step', '?')}.")
-    rows = tuple((shape, f"{row[key]:.2f}", "") for shape, key in
-                 ((f"chain k={t.get('sim_chain', '?')}", "eval/sim_tau_chain"),
-                  (f"tree {t.get('sim_tree', '?')}", "eval/sim_tau_tree")) if isinstance(row.get(key), (int, float)))
+    setting = (
+        f"{row.get('eval/sim_prompts', '?')} {prompts}, greedy, {t.get('sim_max_new_tokens', '?')} new "
+        f"tokens, draftsmith's decoder at step {row.get('step', '?')}."
+    )
+    rows = tuple(
+        (shape, f"{row[key]:.2f}", "")
+        for shape, key in (
+            (f"chain k={t.get('sim_chain', '?')}", "eval/sim_tau_chain"),
+            (f"tree {t.get('sim_tree', '?')}", "eval/sim_tau_tree"),
+        )
+        if isinstance(row.get(key), (int, float))
+    )
     notes = []
     depth = row.get("eval/sim_accept_by_depth_chain")
     if isinstance(depth, list) and depth and all(isinstance(a, (int, float)) for a in depth):
@@ -170,13 +204,21 @@ def sim_evaluation(row: dict, recipe: dict, source: str) -> Evaluation:
 def report_evaluation(report: dict, source: str) -> Evaluation | None:
     """The τ table of a decode.evaluate report.json (None when it has no drafter rows)."""
     st, entries = report.get("settings") or {}, report.get("drafters") or []
-    rows = tuple((str(e.get("spec") or e.get("name")), f"{e['mean_accepted_tokens']:.2f}",
-                  f"{e['speedup_vs_ar']:.2f}x" if isinstance(e.get("speedup_vs_ar"), (int, float)) else "")
-                 for e in entries if isinstance(e, dict) and isinstance(e.get("mean_accepted_tokens"), (int, float)))
+    rows = tuple(
+        (
+            str(e.get("spec") or e.get("name")),
+            f"{e['mean_accepted_tokens']:.2f}",
+            f"{e['speedup_vs_ar']:.2f}x" if isinstance(e.get("speedup_vs_ar"), (int, float)) else "",
+        )
+        for e in entries
+        if isinstance(e, dict) and isinstance(e.get("mean_accepted_tokens"), (int, float))
+    )
     if not rows:
         return None
-    setting = (f"`python -m decode.evaluate` on {st.get('prompts', '?')} ({st.get('turns', '?')} turns), "
-               f"{st.get('max_new_tokens', '?')} new tokens, temperature {st.get('temperature', '?')}.")
+    setting = (
+        f"`python -m decode.evaluate` on {st.get('prompts', '?')} ({st.get('turns', '?')} turns), "
+        f"{st.get('max_new_tokens', '?')} new tokens, temperature {st.get('temperature', '?')}."
+    )
     return Evaluation("decode.evaluate report", setting, rows, (), source)
 
 
@@ -202,15 +244,27 @@ def target_rows(meta: dict, layers: int | None) -> tuple[tuple[str, str], ...]:
     ids = meta.get("capture_ids")
     if ids:
         default = layers is not None and sorted(ids) == engine_default_ids(layers)
-        out.append(("capture ids (HF hidden-state ids)", f"{list(ids)}" + (" (the engines' shared default)"
-                                                                            if default else "")))
+        out.append(
+            (
+                "capture ids (HF hidden-state ids)",
+                f"{list(ids)}" + (" (the engines' shared default)" if default else ""),
+            )
+        )
     if meta.get("draft_vocab_size"):
         out.append(("draft vocabulary", f"{meta['draft_vocab_size']:,} tokens of the target's"))
     return tuple(out)
 
 
-def export_facts(ckpt: Path, meta: dict, fmt: str, layout: dict, target: str, directory: str,
-                 model_dir: Path | None, layers: int | None) -> CardFacts:
+def export_facts(
+    ckpt: Path,
+    meta: dict,
+    fmt: str,
+    layout: dict,
+    target: str,
+    directory: str,
+    model_dir: Path | None,
+    layers: int | None,
+) -> CardFacts:
     """The card facts of one export: `meta` the native checkpoint's config.json, `layout` the written config."""
     recipe = meta.get("recipe") if isinstance(meta.get("recipe"), dict) else {}
     run = run_dir_of(ckpt)
@@ -221,8 +275,16 @@ def export_facts(ckpt: Path, meta: dict, fmt: str, layout: dict, target: str, di
         tokens = int(layout.get("num_heads") or (meta.get("config") or {}).get("num_heads") or 4)
     elif fmt == "speculators":  # what its config.json proposes
         tokens = int(layout["speculators_config"]["proposal_methods"][0]["speculative_tokens"])
-    return CardFacts(fmt=fmt, kind=kind, target=target, directory=directory, license=target_license(model_dir),
-                     target_rows=target_rows(meta, layers), data=data_rows(recipe),
-                     training=training_rows(recipe, rows, kind), evaluations=run_evaluations(run, recipe),
-                     engine=(layout.get("draftsmith") or {}).get("engine") if fmt == "eagle3" else None,
-                     draft_tokens=tokens)
+    return CardFacts(
+        fmt=fmt,
+        kind=kind,
+        target=target,
+        directory=directory,
+        license=target_license(model_dir),
+        target_rows=target_rows(meta, layers),
+        data=data_rows(recipe),
+        training=training_rows(recipe, rows, kind),
+        evaluations=run_evaluations(run, recipe),
+        engine=(layout.get("draftsmith") or {}).get("engine") if fmt == "eagle3" else None,
+        draft_tokens=tokens,
+    )

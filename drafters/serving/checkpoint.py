@@ -30,8 +30,15 @@ from drafters.serving.layouts.rules import tokenizer_digest
 
 FORMAT_VERSION = 1
 ADAPTER_DIR = "adapter"
-FINGERPRINT_KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-                    "head_dim", "intermediate_size")
+FINGERPRINT_KEYS = (
+    "model_type",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
+)
 
 
 def drafter_kinds() -> dict[str, tuple[type, type]]:
@@ -41,8 +48,12 @@ def drafter_kinds() -> dict[str, tuple[type, type]]:
     from drafters.trainable.layerskip import LayerSkip, LayerSkipConfig
     from drafters.trainable.medusa import Medusa, MedusaConfig
 
-    return {"eagle1": (Eagle1, Eagle1Config), "eagle3": (Eagle3, Eagle3Config), "medusa": (Medusa, MedusaConfig),
-            "layerskip": (LayerSkip, LayerSkipConfig)}
+    return {
+        "eagle1": (Eagle1, Eagle1Config),
+        "eagle3": (Eagle3, Eagle3Config),
+        "medusa": (Medusa, MedusaConfig),
+        "layerskip": (LayerSkip, LayerSkipConfig),
+    }
 
 
 def config_fingerprint(config: dict, vocab_size: int | None = None) -> dict:
@@ -63,7 +74,9 @@ def target_fingerprint(target: Target) -> dict:
 def fingerprint_mismatch(saved: dict, target: Target | dict) -> list[str]:
     """What differs between a checkpoint's fingerprint and a target (loaded, or a fingerprint dict)."""
     now = target if isinstance(target, dict) else target_fingerprint(target)
-    return [f"{k}: drafter trained for {saved[k]!r}, target has {now.get(k)!r}" for k in saved if saved[k] != now.get(k)]
+    return [
+        f"{k}: drafter trained for {saved[k]!r}, target has {now.get(k)!r}" for k in saved if saved[k] != now.get(k)
+    ]
 
 
 def config_from_dict(cls: type, d: dict):
@@ -76,8 +89,9 @@ def config_from_dict(cls: type, d: dict):
     for f in fields(cls):
         if f.name in kw and not fits(kw[f.name], f.default):
             kind = TYPE_NAMES.get(type(f.default), f"a {type(f.default).__name__}")
-            raise ValueError(f"{cls.__name__}: {f.name} must be {kind} (like the default {f.default!r}), "
-                             f"got {kw[f.name]!r}")
+            raise ValueError(
+                f"{cls.__name__}: {f.name} must be {kind} (like the default {f.default!r}), got {kw[f.name]!r}"
+            )
     return cls(**kw)
 
 
@@ -98,24 +112,34 @@ def native_meta(module: nn.Module, recipe: dict | None = None, target_id: str | 
     """config.json of a native checkpoint of `module` (no tensors read: works on the meta device too)."""
     kinds = drafter_kinds()
     if getattr(module, "kind", None) not in kinds:
-        raise TypeError(f"{type(module).__name__} is not a draftsmith drafter module ({sorted(kinds)}); "
-                        "unwrap a DDP/FSDP-wrapped module first (accelerator.unwrap_model)")
+        raise TypeError(
+            f"{type(module).__name__} is not a draftsmith drafter module ({sorted(kinds)}); "
+            "unwrap a DDP/FSDP-wrapped module first (accelerator.unwrap_model)"
+        )
     target = module.target
     cfg = module.config
     return {
         "draftsmith_drafter": module.kind,
         "format_version": FORMAT_VERSION,
         "config": asdict(cfg),
-        "target": {"name_or_path": target_id or getattr(target, "name_or_path", None),
-                   "fingerprint": target_fingerprint(target), "tokenizer": tokenizer_digest(target.tokenizer)},
+        "target": {
+            "name_or_path": target_id or getattr(target, "name_or_path", None),
+            "fingerprint": target_fingerprint(target),
+            "tokenizer": tokenizer_digest(target.tokenizer),
+        },
         "capture_ids": list(getattr(cfg, "capture_ids", ())) or None,
         "draft_vocab_size": getattr(cfg, "draft_vocab_size", None),
         "recipe": recipe,
     }
 
 
-def save_drafter(module: nn.Module, out_dir: str | os.PathLike, recipe: dict | None = None,
-                 target_id: str | None = None, state: dict[str, torch.Tensor] | None = None) -> Path:
+def save_drafter(
+    module: nn.Module,
+    out_dir: str | os.PathLike,
+    recipe: dict | None = None,
+    target_id: str | None = None,
+    state: dict[str, torch.Tensor] | None = None,
+) -> Path:
     """Write a native checkpoint atomically: build it in a temp dir next to out_dir, then rename into place.
 
     `state` replaces module.state_dict() when the module's own tensors are not the full weights (a
@@ -208,12 +232,16 @@ def load_drafter(ckpt_dir: str | os.PathLike, target: Target) -> nn.Module:
         raise ValueError(f"{path} is not a native draftsmith checkpoint (no config.json with 'draftsmith_drafter')")
     kind = meta["draftsmith_drafter"]
     if not isinstance(meta.get("config"), dict) or not isinstance((meta.get("target") or {}).get("fingerprint"), dict):
-        raise ValueError(f"{path}/config.json lacks its 'config' or 'target.fingerprint' section: re-export the "
-                         "drafter (or retrain it)")
+        raise ValueError(
+            f"{path}/config.json lacks its 'config' or 'target.fingerprint' section: re-export the "
+            "drafter (or retrain it)"
+        )
     if kind not in drafter_kinds():
         raise ValueError(f"{path}: drafter kind {kind!r} unknown to this version ({sorted(drafter_kinds())})")
     if meta.get("format_version", 0) > FORMAT_VERSION:
-        raise ValueError(f"{path}: checkpoint format {meta['format_version']} is newer than this version's {FORMAT_VERSION}")
+        raise ValueError(
+            f"{path}: checkpoint format {meta['format_version']} is newer than this version's {FORMAT_VERSION}"
+        )
     check_target(meta, target, path)
     try:
         module = new_drafter(kind, target, meta["config"])
@@ -226,8 +254,11 @@ def load_drafter(ckpt_dir: str | os.PathLike, target: Target) -> nn.Module:
 def check_target(meta: dict, target: Target, path: Path) -> None:
     problems = fingerprint_mismatch(meta["target"]["fingerprint"], target)
     if problems:
-        raise ValueError(f"{path} was trained for another target ({meta['target'].get('name_or_path')}):\n  "
-                         + "\n  ".join(problems) + "\nload it with the target it was trained on")
+        raise ValueError(
+            f"{path} was trained for another target ({meta['target'].get('name_or_path')}):\n  "
+            + "\n  ".join(problems)
+            + "\nload it with the target it was trained on"
+        )
 
 
 def load_weights(module: nn.Module, ckpt_dir: str | os.PathLike) -> None:
@@ -243,20 +274,27 @@ def load_weights(module: nn.Module, ckpt_dir: str | os.PathLike) -> None:
     weights = path / "model.safetensors"
     if not weights.is_file():
         raise FileNotFoundError(f"{path}: model.safetensors is missing")
-    state = load_safetensors(weights, "the checkpoint is damaged (an interrupted copy?): copy or export it again",
-                             str(module.target.device))
+    state = load_safetensors(
+        weights, "the checkpoint is damaged (an interrupted copy?): copy or export it again", str(module.target.device)
+    )
     expected = {k: v for k, v in module.state_dict().items() if not k.startswith("lora.")}
     missing, extra = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
     if missing or extra:
-        raise ValueError(f"{weights}: keys do not match a {module.kind} drafter of this config "
-                         f"(missing {missing[:5]}, unexpected {extra[:5]})")
+        raise ValueError(
+            f"{weights}: keys do not match a {module.kind} drafter of this config "
+            f"(missing {missing[:5]}, unexpected {extra[:5]})"
+        )
     bad = [f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}" for k, v in expected.items() if state[k].shape != v.shape]
     if bad:
         raise ValueError(f"{weights}: tensor shapes differ from the config's: {bad[:5]}")
-    kinds = [f"{k} {state[k].dtype}" for k, v in expected.items() if state[k].is_floating_point() != v.is_floating_point()]
+    kinds = [
+        f"{k} {state[k].dtype}" for k, v in expected.items() if state[k].is_floating_point() != v.is_floating_point()
+    ]
     if kinds:  # load_state_dict would cast silently; an integer weight (or a float index tensor) is a foreign file
-        raise ValueError(f"{weights}: tensors of the wrong kind of dtype (integer vs floating point): {kinds[:5]}; "
-                         "the file is not this drafter's: export it again")
+        raise ValueError(
+            f"{weights}: tensors of the wrong kind of dtype (integer vs floating point): {kinds[:5]}; "
+            "the file is not this drafter's: export it again"
+        )
     module.load_state_dict(state, strict=False)  # strict on everything but the LoRA adapter, checked above
     if hasattr(module, "lora"):
         module.load_adapter(path / ADAPTER_DIR)

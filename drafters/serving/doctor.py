@@ -67,8 +67,12 @@ def tokenizer_problem(drafter_digest: str | None, target_tok, where: str) -> lis
     target_digest = tokenizer_digest(target_tok)
     if drafter_digest is None or target_digest is None or drafter_digest == target_digest:
         return []
-    return [Problem(f"tokenizer: {where} differs from the target's (vocabulary or special ids)",
-                    "token ids would mean other tokens: use the target whose tokenizer the drafter was trained with")]
+    return [
+        Problem(
+            f"tokenizer: {where} differs from the target's (vocabulary or special ids)",
+            "token ids would mean other tokens: use the target whose tokenizer the drafter was trained with",
+        )
+    ]
 
 
 def native_report(path: Path, meta: dict, config, facts: TargetFacts, target_tok) -> Report:
@@ -82,8 +86,13 @@ def native_report(path: Path, meta: dict, config, facts: TargetFacts, target_tok
     ids = meta.get("capture_ids") or []
     bad = [i for i in ids if not 0 <= i < facts.layers]
     if bad:
-        rep.problems.append(Problem(f"capture ids {bad} out of range 0..{facts.layers - 1} for a {facts.layers}-layer "
-                                    "target (HF hidden-state ids)", fix))
+        rep.problems.append(
+            Problem(
+                f"capture ids {bad} out of range 0..{facts.layers - 1} for a {facts.layers}-layer "
+                "target (HF hidden-state ids)",
+                fix,
+            )
+        )
     if ids:
         rep.summary += f"; capture ids (HF) {ids}, draft vocab {meta.get('draft_vocab_size')} of {facts.vocab}"
     rep.problems += tokenizer_problem(meta["target"].get("tokenizer"), target_tok, "the tokenizer it was trained with")
@@ -98,8 +107,12 @@ def native_report(path: Path, meta: dict, config, facts: TargetFacts, target_tok
         else:
             rep.problems += key_problems(file_shapes(weights), expected, str(weights))
     if meta["config"].get("mode") == "lora" and not (path / ADAPTER_DIR / "adapter_model.safetensors").is_file():
-        rep.problems.append(Problem(f"LoRA drafter without {ADAPTER_DIR}/adapter_model.safetensors",
-                                    "re-save the checkpoint: the LoRA weights live in its peft adapter directory"))
+        rep.problems.append(
+            Problem(
+                f"LoRA drafter without {ADAPTER_DIR}/adapter_model.safetensors",
+                "re-save the checkpoint: the LoRA weights live in its peft adapter directory",
+            )
+        )
     return rep
 
 
@@ -116,28 +129,38 @@ def engine_report(path: Path, fmt: str, cfg: dict, facts: TargetFacts, target_to
     if fmt in LAYER_PREFIX:
         ids, explicit = capture_ids_hf(fmt, cfg, facts.layers)
         engine = "vLLM" if fmt == "speculators" or eagle3_engine(cfg) == "vllm" else "SGLang"
-        rep.summary += (f"; capture ids (HF) {ids} = {engine} {engine_ids(fmt, cfg, ids)}"
-                        f"{'' if explicit else ' (engine default)'}; draft vocab {cfg.get('draft_vocab_size')} "
-                        f"of {facts.vocab}")
+        rep.summary += (
+            f"; capture ids (HF) {ids} = {engine} {engine_ids(fmt, cfg, ids)}"
+            f"{'' if explicit else ' (engine default)'}; draft vocab {cfg.get('draft_vocab_size')} "
+            f"of {facts.vocab}"
+        )
         unnamed = unnamed_ids_warning(cfg, ids, explicit)  # none for our own exports of the default ids
         if unnamed and recorded_capture_ids(cfg) is None:
-            rep.notes.append(f"the config names no capture ids: engines (and draftsmith) use the default HF ids {ids}; "
-                             "if the drafter was trained on other layers, write them into the config")
+            rep.notes.append(
+                f"the config names no capture ids: engines (and draftsmith) use the default HF ids {ids}; "
+                "if the drafter was trained on other layers, write them into the config"
+            )
         elif unnamed:
             rep.notes.append(unnamed)
         elif fmt == "eagle3" and eagle3_engine(cfg):
-            rep.notes.append(f"written for {eagle3_engine(cfg)} only (explicit capture ids that SGLang and vLLM read "
-                             "differently); the other engine needs its own export (--engine)")
+            rep.notes.append(
+                f"written for {eagle3_engine(cfg)} only (explicit capture ids that SGLang and vLLM read "
+                "differently); the other engine needs its own export (--engine)"
+            )
         if fmt == "speculators" and shapes is not None and SHARED_EMBEDDING not in shapes:
-            rep.notes.append(f"warning: no {SHARED_EMBEDDING}: {EMBEDDING_NOTE}; fix: re-export with "
-                             "--with-embeddings to load it with speculators")
+            rep.notes.append(
+                f"warning: no {SHARED_EMBEDDING}: {EMBEDDING_NOTE}; fix: re-export with "
+                "--with-embeddings to load it with speculators"
+            )
         layer = cfg if fmt == "eagle3" else cfg.get("transformer_layer_config") or {}
         eps = layer.get("rms_norm_eps")
         if eps is not None and float(eps) != facts.eps:
             rep.notes.append(f"rms_norm_eps {eps} differs from the target's {facts.eps} (the drafter keeps its own)")
     if shapes and SHARED_EMBEDDING in shapes:
-        rep.notes.append(f"{SHARED_EMBEDDING} is in the file: engines (and draftsmith) use the target's embedding "
-                         "instead (speculators loads it)")
+        rep.notes.append(
+            f"{SHARED_EMBEDDING} is in the file: engines (and draftsmith) use the target's embedding "
+            "instead (speculators loads it)"
+        )
     if any((path / f).is_file() for f in TOKENIZER_FILES):
         try:
             from transformers import AutoTokenizer
@@ -146,7 +169,9 @@ def engine_report(path: Path, fmt: str, cfg: dict, facts: TargetFacts, target_to
         except (OSError, ValueError) as e:
             rep.notes.append(f"could not read the tokenizer files in {path}: {e}")
         else:
-            rep.problems += tokenizer_problem(tokenizer_digest(tok), target_tok, "the tokenizer shipped with the drafter")
+            rep.problems += tokenizer_problem(
+                tokenizer_digest(tok), target_tok, "the tokenizer shipped with the drafter"
+            )
     return rep
 
 
@@ -158,8 +183,10 @@ def diagnose(drafter_dir: str | Path, target: str) -> Report:
         raise FileNotFoundError(f"{path}: no config.json (not a drafter directory)")
     fmt = detect_format(cfg)
     if fmt is None:
-        raise ValueError(f"{path}/config.json is in no layout draftsmith knows (a native checkpoint, "
-                         "LlamaForCausalLMEagle3, Eagle3Speculator or MedusaModel)")
+        raise ValueError(
+            f"{path}/config.json is in no layout draftsmith knows (a native checkpoint, "
+            "LlamaForCausalLMEagle3, Eagle3Speculator or MedusaModel)"
+        )
     config = target_config(target)
     facts = TargetFacts.of(config.to_dict(), target)
     tok = load_target_tokenizer(target)

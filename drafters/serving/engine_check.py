@@ -31,6 +31,7 @@ WORKER = Path(__file__).with_name("vllm_worker.py")
 
 # --- 2. layouts -----------------------------------------------------------------------------------------
 
+
 def export_layouts(drafter_dir: Path, target: str, out: Path) -> tuple[str, dict[str, Path]]:
     """(the drafter SPEC our decoder runs, {layout: directory vLLM gets})."""
     from drafters.serving.export import export, find_checkpoint
@@ -54,6 +55,7 @@ def export_layouts(drafter_dir: Path, target: str, out: Path) -> tuple[str, dict
 
 
 # --- 3. our decoder -------------------------------------------------------------------------------------
+
 
 def our_runs(target, spec: str, prompts: list[list[int]], k: int, max_new: int) -> dict:
     """Our decoder, plain and with the drafter: {ar|spec: {outputs, stats (GenStats over all prompts)}}."""
@@ -83,6 +85,7 @@ def tau_per_round(accepted: int, rounds: int) -> float:
 
 # --- 5. side by side (step 4, vLLM, is vllm_env.run_worker running vllm_worker.py) -----------------------
 
+
 def compare(layout: str, run: dict, plain: dict, ours: dict, k: int) -> dict:
     """One layout's row of engine_check.json."""
     stats = ours["spec"]["stats"]
@@ -91,24 +94,39 @@ def compare(layout: str, run: dict, plain: dict, ours: dict, k: int) -> dict:
     # and the acceptance length compared is theirs summed (= tau per round had every round drafted k).
     by_pos = (stats.acceptance_by_depth[:k] + [0.0] * k)[:k]
     our_tau = tau_per_round(sum(stats.accepted_lengths), stats.rounds)
-    row = {"layout": layout, "method": METHODS[layout], "our_rounds": stats.rounds, "our_acceptance_length": our_tau,
-           "our_acceptance_length_full_depth": 1.0 + sum(by_pos),
-           "our_tokens_per_s": stats.tokens_per_s, "our_ar_tokens_per_s": ours["ar"]["stats"].tokens_per_s,
-           "our_acceptance_by_position": by_pos,
-           "ours_identical": ours["spec"]["outputs"] == ours["ar"]["outputs"]}
+    row = {
+        "layout": layout,
+        "method": METHODS[layout],
+        "our_rounds": stats.rounds,
+        "our_acceptance_length": our_tau,
+        "our_acceptance_length_full_depth": 1.0 + sum(by_pos),
+        "our_tokens_per_s": stats.tokens_per_s,
+        "our_ar_tokens_per_s": ours["ar"]["stats"].tokens_per_s,
+        "our_acceptance_by_position": by_pos,
+        "ours_identical": ours["spec"]["outputs"] == ours["ar"]["outputs"],
+    }
     if "error" in run:
-        return {**row, "identical": False, "error": run["error"], "engine_drafts": None,
-                "engine_acceptance_length": None, "engine_tokens_per_s": None}
+        return {
+            **row,
+            "identical": False,
+            "error": run["error"],
+            "engine_drafts": None,
+            "engine_acceptance_length": None,
+            "engine_tokens_per_s": None,
+        }
     drafts = run["drafts"]
-    row.update({
-        "identical": run["outputs"] == plain["outputs"],
-        "engine_matches_ours": run["outputs"] == ours["ar"]["outputs"],
-        "engine_drafts": drafts, "engine_accepted_tokens": run["accepted_tokens"],
-        "engine_acceptance_length": tau_per_round(run["accepted_tokens"], drafts),
-        "engine_acceptance_by_position": [a / drafts if drafts else 0.0 for a in run["per_pos"]],
-        "engine_tokens_per_s": run["new_tokens"] / run["seconds"] if run["seconds"] else 0.0,
-        "engine_plain_tokens_per_s": plain["new_tokens"] / plain["seconds"] if plain["seconds"] else 0.0,
-    })
+    row.update(
+        {
+            "identical": run["outputs"] == plain["outputs"],
+            "engine_matches_ours": run["outputs"] == ours["ar"]["outputs"],
+            "engine_drafts": drafts,
+            "engine_accepted_tokens": run["accepted_tokens"],
+            "engine_acceptance_length": tau_per_round(run["accepted_tokens"], drafts),
+            "engine_acceptance_by_position": [a / drafts if drafts else 0.0 for a in run["per_pos"]],
+            "engine_tokens_per_s": run["new_tokens"] / run["seconds"] if run["seconds"] else 0.0,
+            "engine_plain_tokens_per_s": plain["new_tokens"] / plain["seconds"] if plain["seconds"] else 0.0,
+        }
+    )
     row["acceptance_length_gap"] = abs(row["engine_acceptance_length"] - row["our_acceptance_length_full_depth"])
     row["ok"] = row["identical"] and row["acceptance_length_gap"] <= TOLERANCE
     return row
@@ -118,21 +136,37 @@ def print_table(rows: list[dict], file=sys.stdout) -> None:
     def f(x, fmt="{:.3f}"):
         return "-" if x is None else fmt.format(x)
 
-    print(f"{'layout':<12} {'identical':>9} {'drafts':>7} {'rounds':>7} {'vLLM len':>8} {'our tau':>8} {'(full k)':>8} "
-          f"{'vLLM tok/s':>10} {'our tok/s':>9}  per-position acceptance (vLLM / ours)", file=file)
+    print(
+        f"{'layout':<12} {'identical':>9} {'drafts':>7} {'rounds':>7} {'vLLM len':>8} {'our tau':>8} {'(full k)':>8} "
+        f"{'vLLM tok/s':>10} {'our tok/s':>9}  per-position acceptance (vLLM / ours)",
+        file=file,
+    )
     for r in rows:
-        pos = " ".join(f"{e:.2f}/{o:.2f}" for e, o in zip(r.get("engine_acceptance_by_position") or [],
-                                                          r["our_acceptance_by_position"]))
-        print(f"{r['layout']:<12} {('yes' if r['identical'] else 'no'):>9} {f(r['engine_drafts'], '{}'):>7} "
-              f"{r['our_rounds']:>7} {f(r['engine_acceptance_length']):>8} {r['our_acceptance_length']:>8.3f} "
-              f"{r['our_acceptance_length_full_depth']:>8.3f} "
-              f"{f(r['engine_tokens_per_s'], '{:.1f}'):>10} {r['our_tokens_per_s']:>9.1f}  {pos}", file=file)
+        pos = " ".join(
+            f"{e:.2f}/{o:.2f}"
+            for e, o in zip(r.get("engine_acceptance_by_position") or [], r["our_acceptance_by_position"])
+        )
+        print(
+            f"{r['layout']:<12} {('yes' if r['identical'] else 'no'):>9} {f(r['engine_drafts'], '{}'):>7} "
+            f"{r['our_rounds']:>7} {f(r['engine_acceptance_length']):>8} {r['our_acceptance_length']:>8.3f} "
+            f"{r['our_acceptance_length_full_depth']:>8.3f} "
+            f"{f(r['engine_tokens_per_s'], '{:.1f}'):>10} {r['our_tokens_per_s']:>9.1f}  {pos}",
+            file=file,
+        )
         if r.get("error"):
             print(f"  {r['layout']}: vLLM refused it: {r['error']}", file=file)
 
 
-def engine_check(drafter_dir: str, target: str, prompts_file: str, out: str, k: int = 4, max_new: int = 32,
-                 limit: int | None = None, timeout: int = 3000) -> dict:
+def engine_check(
+    drafter_dir: str,
+    target: str,
+    prompts_file: str,
+    out: str,
+    k: int = 4,
+    max_new: int = 32,
+    limit: int | None = None,
+    timeout: int = 3000,
+) -> dict:
     """Steps 1-5; returns (and writes) the engine_check.json dict."""
     from decode.generate import encode_prompt
     from decode.harness.prompts import load_prompts, render_turn
@@ -146,30 +180,61 @@ def engine_check(drafter_dir: str, target: str, prompts_file: str, out: str, k: 
         raise SideVenvError(str(e) or f"cannot build the vLLM side venv under {draftsmith_home()}") from None
     spec, layouts = export_layouts(Path(drafter_dir), target, out_dir)
     model = Target.load(target)
-    prompts = [encode_prompt(model, *render_turn(model.tokenizer, c.turns[:1], [])).tolist()
-               for c in load_prompts(prompts_file, limit)]
+    prompts = [
+        encode_prompt(model, *render_turn(model.tokenizer, c.turns[:1], [])).tolist()
+        for c in load_prompts(prompts_file, limit)
+    ]
     ours = our_runs(model, spec, prompts, k, max_new)
     # vLLM stops on our EOS ids only (ignore_eos: its own notion of EOS may differ), and needs little context
-    job = {"target": str(Path(target).resolve()), "prompts": prompts, "max_new_tokens": max_new,
-           "stop_token_ids": sorted(model.eos_ids),
-           "max_model_len": min(model.max_positions, max(map(len, prompts)) + max_new + k + 8),
-           "runs": [{"name": "plain", "speculative_config": None}] + [
-               {"name": layout, "speculative_config": {"method": METHODS[layout], "model": str(d.resolve()),
-                                                       "num_speculative_tokens": k}}
-               for layout, d in layouts.items()]}
+    job = {
+        "target": str(Path(target).resolve()),
+        "prompts": prompts,
+        "max_new_tokens": max_new,
+        "stop_token_ids": sorted(model.eos_ids),
+        "max_model_len": min(model.max_positions, max(map(len, prompts)) + max_new + k + 8),
+        "runs": [{"name": "plain", "speculative_config": None}]
+        + [
+            {
+                "name": layout,
+                "speculative_config": {
+                    "method": METHODS[layout],
+                    "model": str(d.resolve()),
+                    "num_speculative_tokens": k,
+                },
+            }
+            for layout, d in layouts.items()
+        ],
+    }
     result = run_worker(py, WORKER, job, out_dir / "vllm", timeout)
     runs = {r["name"]: r for r in result["runs"]}
     plain = runs.get("plain", {})
     if "error" in plain or not plain:
         raise RuntimeError(f"vLLM could not run the target plainly: {plain.get('error', 'no result')}")
     rows = [compare(layout, runs.get(layout, {"error": "no result"}), plain, ours, k) for layout in layouts]
-    report = {"drafter": str(drafter_dir), "target": target, "draft_len": k, "max_new_tokens": max_new,
-              "prompts": len(prompts), "vllm_version": result.get("vllm_version"), "tolerance": TOLERANCE,
-              "identical": all(r["identical"] for r in rows), "ok": all(r.get("ok", False) for r in rows),
-              "engine_plain_matches_ours": plain["outputs"] == ours["ar"]["outputs"], "layouts": rows}
-    for key in ("engine_drafts", "our_rounds", "engine_acceptance_length", "our_acceptance_length",
-                "our_acceptance_length_full_depth",
-                "engine_tokens_per_s", "our_tokens_per_s", "engine_plain_tokens_per_s", "our_ar_tokens_per_s"):  # the first layout's figures at the top level too
+    report = {
+        "drafter": str(drafter_dir),
+        "target": target,
+        "draft_len": k,
+        "max_new_tokens": max_new,
+        "prompts": len(prompts),
+        "vllm_version": result.get("vllm_version"),
+        "tolerance": TOLERANCE,
+        "identical": all(r["identical"] for r in rows),
+        "ok": all(r.get("ok", False) for r in rows),
+        "engine_plain_matches_ours": plain["outputs"] == ours["ar"]["outputs"],
+        "layouts": rows,
+    }
+    for key in (
+        "engine_drafts",
+        "our_rounds",
+        "engine_acceptance_length",
+        "our_acceptance_length",
+        "our_acceptance_length_full_depth",
+        "engine_tokens_per_s",
+        "our_tokens_per_s",
+        "engine_plain_tokens_per_s",
+        "our_ar_tokens_per_s",
+    ):  # the first layout's figures at the top level too
         report[key] = rows[0].get(key)
     (out_dir / "engine_check.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
@@ -187,18 +252,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="directory for engine_check.json, exports and vLLM's log")
     args = ap.parse_args(argv)
     try:
-        rep = engine_check(args.drafter, args.target, args.prompts, args.out, args.draft_len, args.max_new_tokens,
-                           args.limit, args.timeout)
+        rep = engine_check(
+            args.drafter,
+            args.target,
+            args.prompts,
+            args.out,
+            args.draft_len,
+            args.max_new_tokens,
+            args.limit,
+            args.timeout,
+        )
     except (SideVenvError, RuntimeError, subprocess.TimeoutExpired, *USER_ERRORS) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"vLLM {rep['vllm_version']} vs draftsmith on {rep['prompts']} prompts, draft length {rep['draft_len']}, "
-          f"{rep['max_new_tokens']} new tokens (plain vLLM output = ours: "
-          f"{'yes' if rep['engine_plain_matches_ours'] else 'no'})")
+    print(
+        f"vLLM {rep['vllm_version']} vs draftsmith on {rep['prompts']} prompts, draft length {rep['draft_len']}, "
+        f"{rep['max_new_tokens']} new tokens (plain vLLM output = ours: "
+        f"{'yes' if rep['engine_plain_matches_ours'] else 'no'})"
+    )
     print_table(rep["layouts"])
     if rep.get("engine_plain_tokens_per_s"):
-        print(f"plain decoding: vLLM {rep['engine_plain_tokens_per_s']:.1f} tok/s, "
-              f"ours {rep['our_ar_tokens_per_s']:.1f} tok/s")
+        print(
+            f"plain decoding: vLLM {rep['engine_plain_tokens_per_s']:.1f} tok/s, "
+            f"ours {rep['our_ar_tokens_per_s']:.1f} tok/s"
+        )
     print(f"wrote {Path(args.out) / 'engine_check.json'}: {'OK' if rep['ok'] else 'MISMATCH'}")
     return 0 if rep["ok"] else 1
 

@@ -43,24 +43,30 @@ def weight_files(path: Path) -> list[Path]:
         return [path / "model.safetensors"]
     pickles = sorted(p.name for p in path.glob("*.bin")) + sorted(p.name for p in path.glob("*.pt"))
     if pickles:
-        raise ValueError(f"{path} holds only {pickles} (pickles): draftsmith never unpickles a checkpoint. Convert "
-                         "it once, where you trust the file: python -c \"import torch; from safetensors.torch import "
-                         f"save_file; save_file(torch.load('{pickles[0]}', weights_only=True), 'model.safetensors')\"")
+        raise ValueError(
+            f"{path} holds only {pickles} (pickles): draftsmith never unpickles a checkpoint. Convert "
+            'it once, where you trust the file: python -c "import torch; from safetensors.torch import '
+            f"save_file; save_file(torch.load('{pickles[0]}', weights_only=True), 'model.safetensors')\""
+        )
     raise FileNotFoundError(f"{path}: no model.safetensors")
 
 
 def read_tensors(path: Path) -> dict[str, Tensor]:
     out: dict[str, Tensor] = {}
     for f in weight_files(path):
-        out.update(load_safetensors(f, "the drafter's weights are damaged (an interrupted download?): download or "
-                                    "export them again"))
+        out.update(
+            load_safetensors(
+                f, "the drafter's weights are damaged (an interrupted download?): download or export them again"
+            )
+        )
     return out
 
 
 def target_facts(target: Target) -> TargetFacts:
     """The target's config facts, its vocabulary being the LM head's rows."""
-    return TargetFacts.of({**target.config.to_dict(), "vocab_size": target.vocab_size},
-                          getattr(target, "name_or_path", None))
+    return TargetFacts.of(
+        {**target.config.to_dict(), "vocab_size": target.vocab_size}, getattr(target, "name_or_path", None)
+    )
 
 
 def refuse_problems(path: Path, fmt: str, cfg: dict, tensors: dict[str, Tensor], target: Target) -> None:
@@ -69,8 +75,11 @@ def refuse_problems(path: Path, fmt: str, cfg: dict, tensors: dict[str, Tensor],
     found = problems(fmt, cfg, {k: tuple(v.shape) for k, v in tensors.items()}, target_facts(target), optional)
     blocking = [p for p in found if p.blocks_import]
     if blocking:
-        raise ValueError(f"{path}: this {fmt} drafter does not fit the target:\n  " + "\n  ".join(map(str, blocking))
-                         + "\n(`draftsmith doctor DIR --target MODEL` lists every problem)")
+        raise ValueError(
+            f"{path}: this {fmt} drafter does not fit the target:\n  "
+            + "\n  ".join(map(str, blocking))
+            + "\n(`draftsmith doctor DIR --target MODEL` lists every problem)"
+        )
     for p in found:
         print(f"[{path}] warning: {p.what} ({p.fix})", file=sys.stderr)
 
@@ -78,11 +87,18 @@ def refuse_problems(path: Path, fmt: str, cfg: dict, tensors: dict[str, Tensor],
 def draft_vocab(d2t: Tensor, t2d: Tensor, vocab: int, path: Path) -> None:
     """d2t/t2d must describe the same set of target ids, each in range and distinct."""
     ids = torch.arange(d2t.numel()) + d2t.long()
-    ok = (ids.min() >= 0 and ids.max() < vocab and ids.unique().numel() == ids.numel()
-          and int(t2d.bool().sum()) == ids.numel() and bool(t2d.bool()[ids.clamp(0, vocab - 1)].all()))
+    ok = (
+        ids.min() >= 0
+        and ids.max() < vocab
+        and ids.unique().numel() == ids.numel()
+        and int(t2d.bool().sum()) == ids.numel()
+        and bool(t2d.bool()[ids.clamp(0, vocab - 1)].all())
+    )
     if not ok:
-        raise ValueError(f"{path}: d2t and t2d disagree (d2t must map draft ids to distinct target ids in 0..{vocab - 1}, "
-                         "t2d mark exactly those): the draft vocabulary tensors are corrupt")
+        raise ValueError(
+            f"{path}: d2t and t2d disagree (d2t must map draft ids to distinct target ids in 0..{vocab - 1}, "
+            "t2d mark exactly those): the draft vocabulary tensors are corrupt"
+        )
 
 
 def load_eagle3(path: Path, target: Target):
@@ -99,19 +115,28 @@ def load_eagle3(path: Path, target: Target):
     prefix = LAYER_PREFIX[fmt]
     state = {k.replace(prefix, "midlayer.", 1): v for k, v in tensors.items() if k != SHARED_EMBEDDING}
     if "d2t" not in state and cfg.get("draft_vocab_size") == target.vocab_size:  # full vocabulary: no mapping
-        state.update(d2t=torch.zeros(target.vocab_size, dtype=torch.long),
-                     t2d=torch.ones(target.vocab_size, dtype=torch.bool))
+        state.update(
+            d2t=torch.zeros(target.vocab_size, dtype=torch.long), t2d=torch.ones(target.vocab_size, dtype=torch.bool)
+        )
     draft_vocab(state["d2t"], state["t2d"], target.vocab_size, path)
     ids, explicit = capture_ids_hf(fmt, cfg, target.num_layers)
     unnamed = unnamed_ids_warning(cfg, ids, explicit)  # silent for our own exports of the default ids
     if unnamed:
         print(f"[{path}] warning: {unnamed}", file=sys.stderr)
-    module = Eagle3(target, Eagle3Config(capture_ids=tuple(ids), draft_vocab_size=state["d2t"].numel(),
-                                         intermediate_size=layer["intermediate_size"]))
+    module = Eagle3(
+        target,
+        Eagle3Config(
+            capture_ids=tuple(ids), draft_vocab_size=state["d2t"].numel(), intermediate_size=layer["intermediate_size"]
+        ),
+    )
     module.load_state_dict(state)  # strict: problems() already matched every key and shape
     eps = float(layer.get("rms_norm_eps", module.norm.eps))
-    for norm in (module.norm, module.midlayer.input_layernorm, module.midlayer.hidden_norm,
-                 module.midlayer.post_attention_layernorm):
+    for norm in (
+        module.norm,
+        module.midlayer.input_layernorm,
+        module.midlayer.hidden_norm,
+        module.midlayer.post_attention_layernorm,
+    ):
         norm.eps = eps  # the drafter's own epsilon (the module defaults to the target's)
     return module.eval()
 
@@ -161,6 +186,8 @@ def load_module(path: Path, target: Target):
         return load_drafter(path, target).float()
     module = engine_module(path, target)
     if module is None:
-        raise ValueError(f"{path} is not a drafter directory (no native config.json with 'draftsmith_drafter', "
-                         "nor an EAGLE-3 or Medusa engine layout)")
+        raise ValueError(
+            f"{path} is not a drafter directory (no native config.json with 'draftsmith_drafter', "
+            "nor an EAGLE-3 or Medusa engine layout)"
+        )
     return module.float()

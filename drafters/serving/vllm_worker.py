@@ -18,8 +18,11 @@ import json
 import sys
 import time
 
-SPEC_COUNTERS = {"vllm:spec_decode_num_drafts": "drafts", "vllm:spec_decode_num_draft_tokens": "draft_tokens",
-                 "vllm:spec_decode_num_accepted_tokens": "accepted_tokens"}
+SPEC_COUNTERS = {
+    "vllm:spec_decode_num_drafts": "drafts",
+    "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens": "accepted_tokens",
+}
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 
 
@@ -45,11 +48,23 @@ def run_one(job: dict, run: dict) -> dict:
     """One LLM (plain or speculative) over every prompt: outputs, seconds, counters."""
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=job["target"], enforce_eager=True, dtype=job.get("dtype", "float32"),
-              max_model_len=job["max_model_len"], skip_tokenizer_init=True, disable_log_stats=False,
-              speculative_config=run["speculative_config"], seed=0)
-    params = SamplingParams(temperature=0.0, max_tokens=job["max_new_tokens"], ignore_eos=True,
-                            stop_token_ids=job["stop_token_ids"], detokenize=False)
+    llm = LLM(
+        model=job["target"],
+        enforce_eager=True,
+        dtype=job.get("dtype", "float32"),
+        max_model_len=job["max_model_len"],
+        skip_tokenizer_init=True,
+        disable_log_stats=False,
+        speculative_config=run["speculative_config"],
+        seed=0,
+    )
+    params = SamplingParams(
+        temperature=0.0,
+        max_tokens=job["max_new_tokens"],
+        ignore_eos=True,
+        stop_token_ids=job["stop_token_ids"],
+        detokenize=False,
+    )
     prompts = [{"prompt_token_ids": ids} for ids in job["prompts"]]
     llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=4, detokenize=False), use_tqdm=False)
     before = read_metrics(llm)
@@ -59,8 +74,13 @@ def run_one(job: dict, run: dict) -> dict:
     counters = diff(read_metrics(llm), before)
     del llm
     gc.collect()
-    return {"name": run["name"], "outputs": [list(o.outputs[0].token_ids) for o in outs], "seconds": seconds,
-            "new_tokens": sum(len(o.outputs[0].token_ids) for o in outs), **counters}
+    return {
+        "name": run["name"],
+        "outputs": [list(o.outputs[0].token_ids) for o in outs],
+        "seconds": seconds,
+        "new_tokens": sum(len(o.outputs[0].token_ids) for o in outs),
+        **counters,
+    }
 
 
 def main() -> int:

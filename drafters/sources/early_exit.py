@@ -18,17 +18,27 @@ from decode.target import Target
 from drafters.common import LMDrafter
 
 
-def early_exit(target: Target, k: int, reuse: bool = True, head: Callable[[Tensor], Tensor] | None = None,
-               name: str | None = None) -> LMDrafter:
+def early_exit(
+    target: Target, k: int, reuse: bool = True, head: Callable[[Tensor], Tensor] | None = None, name: str | None = None
+) -> LMDrafter:
     """head: pre-norm layer-K states [1, T, D] -> logits [1, T, V]; None = the target's norm + LM head
     (LayerSkip passes its trained exit head)."""
     if not 1 <= k < target.num_layers:
-        raise ValueError(f"early-exit:{k}: K must be in 1..{target.num_layers - 1} for a {target.num_layers}-layer target")
+        raise ValueError(
+            f"early-exit:{k}: K must be in 1..{target.num_layers - 1} for a {target.num_layers}-layer target"
+        )
     head = head or target.head
 
     def run(ids: Tensor, positions: Tensor, mask: Tensor | None, cache) -> tuple[Tensor, Tensor]:
         h, _ = target.run_layers(target.embed(ids), 0, k, cache, positions, mask)
         return head(h)[0], h[0]  # [T, V], [T, D]
 
-    return LMDrafter(name or f"early-exit:{k}", run, target.dtype, target.device, target.num_layers, shared=True,
-                     reuse_layers=k if reuse else 0)
+    return LMDrafter(
+        name or f"early-exit:{k}",
+        run,
+        target.dtype,
+        target.device,
+        target.num_layers,
+        shared=True,
+        reuse_layers=k if reuse else 0,
+    )

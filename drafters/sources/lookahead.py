@@ -55,8 +55,10 @@ class LookaheadDrafter:
 
     def __init__(self, target: Target, window: int = 8, ngram: int = 4, guesses: int = 8, seed: int = 0) -> None:
         if window < 2 or ngram < 3 or guesses < 1:
-            raise ValueError(f"lookahead: need window >= 2, ngram >= 3, guesses >= 1 "
-                             f"(got window={window}, ngram={ngram}, guesses={guesses})")
+            raise ValueError(
+                f"lookahead: need window >= 2, ngram >= 3, guesses >= 1 "
+                f"(got window={window}, ngram={ngram}, guesses={guesses})"
+            )
         self.target, self.window, self.ngram, self.guesses = target, window, ngram, guesses
         self.name = f"lookahead:window={window},ngram={ngram},guesses={guesses}"
         self.cells, self.offsets, self.see = window_layout(window, ngram)

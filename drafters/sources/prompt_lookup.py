@@ -31,8 +31,10 @@ class PromptLookupDrafter:
 
     def __init__(self, ngram: int = 3, min_ngram: int = 1, k: int = 10, branches: int = 4) -> None:
         if not 1 <= min_ngram <= ngram or k < 1 or branches < 1:
-            raise ValueError(f"prompt-lookup: need 1 <= min <= ngram, k >= 1, branches >= 1 "
-                             f"(got ngram={ngram}, min={min_ngram}, k={k}, branches={branches})")
+            raise ValueError(
+                f"prompt-lookup: need 1 <= min <= ngram, k >= 1, branches >= 1 "
+                f"(got ngram={ngram}, min={min_ngram}, k={k}, branches={branches})"
+            )
         self.ngram, self.min_ngram, self.k, self.branches = ngram, min_ngram, k, branches
         self.name = f"prompt-lookup:ngram={ngram},min={min_ngram},k={k},branches={branches}"
         self.context: list[int] = []

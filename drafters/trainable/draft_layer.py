@@ -41,11 +41,13 @@ class LayerSizes:
         """The target's sizes; `intermediate` 0 = the target's FFN width."""
         heads = config.num_attention_heads
         return LayerSizes(
-            hidden=config.hidden_size, heads=heads,
+            hidden=config.hidden_size,
+            heads=heads,
             kv_heads=getattr(config, "num_key_value_heads", None) or heads,
             head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
             intermediate=intermediate or config.intermediate_size,
-            eps=float(getattr(config, "rms_norm_eps", 1e-6)))
+            eps=float(getattr(config, "rms_norm_eps", 1e-6)),
+        )
 
 
 class RMSNorm(nn.Module):
@@ -63,8 +65,7 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
-              diag: list[tuple[Tensor, Tensor]] = ()) -> Tensor:
+def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, diag: list[tuple[Tensor, Tensor]] = ()) -> Tensor:
     """Softmax attention of q [B, h, T, d] over k, v [B, kv, S, d] (+ additive mask [B|1, 1, T, S]).
 
     diag: extra (k_j, v_j) pairs [B, kv, T, d] that row t sees only at its own row t (training-time test).
@@ -165,8 +166,9 @@ class DraftLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(sizes.hidden, sizes.eps)
         self.mlp = DraftMLP(sizes)
 
-    def forward(self, h: Tensor, cos: Tensor, sin: Tensor, ctx: CacheContext | UnrollContext,
-                emb: Tensor | None = None) -> Tensor:
+    def forward(
+        self, h: Tensor, cos: Tensor, sin: Tensor, ctx: CacheContext | UnrollContext, emb: Tensor | None = None
+    ) -> Tensor:
         # h, emb: [B, T, H]; the residual stream starts at h (EAGLE-3: fc(g) or the fed-back state)
         if self.fused:
             x = torch.cat([self.input_layernorm(emb), self.hidden_norm(h)], dim=-1)

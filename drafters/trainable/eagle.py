@@ -27,13 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from decode.target import Target
-from drafters.trainable.draft_layer import (
-    DraftLayer,
-    LayerSizes,
-    UnrollContext,
-    causal_padding_mask,
-    positions_of,
-)
+from drafters.trainable.draft_layer import DraftLayer, LayerSizes, UnrollContext, causal_padding_mask, positions_of
 from drafters.trainable.losses import (
     ahead,
     conditional_accuracy,
@@ -63,8 +57,10 @@ class Eagle1Config:
         if not self.feature_noise >= 0:
             raise ValueError(f"feature_noise must be >= 0, got {self.feature_noise}")
         if self.feature_noise > 0 and self.noise != "none":
-            raise ValueError(f"feature_noise {self.feature_noise} and noise {self.noise!r} both set: keep only "
-                             f"noise=uniform, noise_std={self.feature_noise / 2:g} (feature_noise a = U(-a/2, a/2))")
+            raise ValueError(
+                f"feature_noise {self.feature_noise} and noise {self.noise!r} both set: keep only "
+                f"noise=uniform, noise_std={self.feature_noise / 2:g} (feature_noise a = U(-a/2, a/2))"
+            )
 
     def resolved(self, num_layers: int, vocab_size: int) -> Eagle1Config:
         """feature_noise (the old key) rewritten as noise/noise_std."""
@@ -135,15 +131,16 @@ class EagleBase(nn.Module):
         ids, am = batch["input_ids"], batch["attention_mask"]
         hidden = batch["hidden"]
         if noise is not None:
-            hidden = {i: add_noise(hidden[i], self.config.noise, self.config.noise_std, noise)
-                      for i in self.decode_hidden_ids}
+            hidden = {
+                i: add_noise(hidden[i], self.config.noise, self.config.noise_std, noise) for i in self.decode_hidden_ids
+            }
         x = self.project(hidden)  # [B, T, H]
         pos = positions_of(am)
         ctx = UnrollContext(causal_padding_mask(am, self.dtype))
         out = []
         for k in range(steps):
             tok = torch.zeros_like(ids)
-            tok[:, : max(0, ids.shape[1] - 1 - k)] = ids[:, 1 + k:]  # x_{t+1+k}, 0 past the end
+            tok[:, : max(0, ids.shape[1] - 1 - k)] = ids[:, 1 + k :]  # x_{t+1+k}, 0 past the end
             x = self.advance(x, self.embed(tok), pos + k, ctx)
             out.append(x)
         return out
@@ -226,5 +223,9 @@ class Eagle1(EagleBase):
         ce = masked_mean(ce_rows, every)
         acc = masked_mean((logits.argmax(-1) == argmax[b, t + 1][None]).float(), every)
         total = reg + self.config.ce_weight * ce
-        return total, {"loss": float(total.detach()), "regression": float(reg.detach()), "ce_1": float(ce.detach()),
-                       "acc_1": float(acc.detach())}
+        return total, {
+            "loss": float(total.detach()),
+            "regression": float(reg.detach()),
+            "ce_1": float(ce.detach()),
+            "acc_1": float(acc.detach()),
+        }

@@ -13,11 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from decode.target import Target
-from drafters.trainable.draft_layer import (
-    DraftLayer,
-    LayerSizes,
-    RMSNorm,
-)
+from drafters.trainable.draft_layer import DraftLayer, LayerSizes, RMSNorm
 from drafters.trainable.eagle import EagleBase
 from drafters.trainable.losses import (
     distill_rows,
@@ -80,8 +76,10 @@ class Eagle3Config:
         ids = tuple(int(i) for i in self.capture_ids) or default_capture_ids(num_layers)
         bad = [i for i in ids if not 0 <= i < num_layers]
         if bad:
-            raise ValueError(f"EAGLE-3 capture ids {bad} out of range 0..{num_layers - 1} for a "
-                             f"{num_layers}-layer target (hidden ids: 0 = embeddings, i = output of layer i)")
+            raise ValueError(
+                f"EAGLE-3 capture ids {bad} out of range 0..{num_layers - 1} for a "
+                f"{num_layers}-layer target (hidden ids: 0 = embeddings, i = output of layer i)"
+            )
         if self.ttt_steps < 1:
             raise ValueError(f"ttt_steps must be >= 1, got {self.ttt_steps}")
         return replace(self, capture_ids=ids, draft_vocab_size=min(self.draft_vocab_size, vocab_size))
@@ -97,8 +95,14 @@ class Eagle3(EagleBase):
 
     kind = "eagle3"
 
-    def __init__(self, target: Target, config: Eagle3Config | None = None,
-                 token_counts: Tensor | None = None, seed: int = 0, rank: int = 0) -> None:
+    def __init__(
+        self,
+        target: Target,
+        config: Eagle3Config | None = None,
+        token_counts: Tensor | None = None,
+        seed: int = 0,
+        rank: int = 0,
+    ) -> None:
         """token_counts [V]: target-token frequencies of the training data, for the draft vocabulary
         (None: the first N ids, fine for tests or when the vocabulary is not reduced); seed, rank: of
         the training noise."""
@@ -109,7 +113,9 @@ class Eagle3(EagleBase):
         if token_counts is None:
             token_counts = torch.arange(target.vocab_size, 0, -1)
         if token_counts.numel() != target.vocab_size:
-            raise ValueError(f"token_counts has {token_counts.numel()} entries, the target's vocabulary {target.vocab_size}")
+            raise ValueError(
+                f"token_counts has {token_counts.numel()} entries, the target's vocabulary {target.vocab_size}"
+            )
         d2t, t2d = build_draft_vocab(token_counts, n)
         with torch.device(target.device):
             self.fc = nn.Linear(len(cfg.capture_ids) * H, H, bias=False)
@@ -178,8 +184,9 @@ class Eagle3(EagleBase):
             logits.append(self.head(h[b, src.clamp(min=0)])[None])  # [1, M, N]
         # 2. step k against P_t' restricted to the draft vocabulary (softmax over it = renormalised), the
         #    teacher built once per chunk of rows for all steps
-        rows = distill_rows(logits, [0] * len(logits), gather_rows(batch, b, t, L), self.target.lm_head, L,
-                            "soft_ce", self.draft_ids)
+        rows = distill_rows(
+            logits, [0] * len(logits), gather_rows(batch, b, t, L), self.target.lm_head, L, "soft_ce", self.draft_ids
+        )
         want = argmax[b, t][None]  # [1, M]
         losses, accs = [], []
         for lg, ce, v in zip(logits, rows, present):

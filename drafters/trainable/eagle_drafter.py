@@ -49,8 +49,9 @@ class EagleDrafter:
             self.rows_x.append(self.m.project({i: step.hidden[i] for i in self.hidden_ids}))
         self.rows_tok.append(step.tokens.to(self.m.target.device))
 
-    def _run(self, x: Tensor, tokens: Tensor, positions: Tensor, mask: Tensor | None,
-             last_only: bool = False) -> tuple[Tensor, Tensor]:
+    def _run(
+        self, x: Tensor, tokens: Tensor, positions: Tensor, mask: Tensor | None, last_only: bool = False
+    ) -> tuple[Tensor, Tensor]:
         """Rows x [n, H] + tokens [n] at positions [n] -> log-probs over the logit columns [n, N] (the draft
         vocabulary: decode.tree.grow maps columns to target ids through self.vocab), states [n, H].
         last_only: log-probs of the last row only [1, N] (the root step: the head over a whole prompt is waste)."""

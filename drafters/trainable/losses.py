@@ -90,8 +90,15 @@ def head_rows(lm_head: torch.nn.Linear, vocab_ids: Tensor | None = None) -> tupl
     return lm_head.weight[vocab_ids], None if lm_head.bias is None else lm_head.bias[vocab_ids]
 
 
-def teacher_probs(batch: dict, lm_head: torch.nn.Linear, num_layers: int, start: int, stop: int,
-                  vocab_ids: Tensor | None = None, rows: tuple[Tensor, Tensor | None] | None = None) -> Tensor:
+def teacher_probs(
+    batch: dict,
+    lm_head: torch.nn.Linear,
+    num_layers: int,
+    start: int,
+    stop: int,
+    vocab_ids: Tensor | None = None,
+    rows: tuple[Tensor, Tensor | None] | None = None,
+) -> Tensor:
     """P_t for rows start <= t < stop, over the vocabulary or the sub-vocabulary `vocab_ids` (renormalised);
     rows past the end of the batch are all-zero (as `ahead` fills). -> [B, stop - start, V'] fp32
 
@@ -150,17 +157,17 @@ def teacher_argmax(batch: dict, lm_head: torch.nn.Linear, num_layers: int, budge
     x = h.reshape(b * T, H).to(w.dtype)
     out = torch.empty(b * T, dtype=torch.long, device=h.device)
     for r in range(0, b * T, ARGMAX_ROWS):
-        rows = x[r: r + ARGMAX_ROWS]
+        rows = x[r : r + ARGMAX_ROWS]
         block = max(1, budget // rows.shape[0])
         best = torch.full((rows.shape[0],), -math.inf, device=h.device)
         idx = torch.zeros(rows.shape[0], dtype=torch.long, device=h.device)
         for a in range(0, w.shape[0], block):
-            logits = F.linear(rows, w[a: a + block], None if bias is None else bias[a: a + block]).float()
+            logits = F.linear(rows, w[a : a + block], None if bias is None else bias[a : a + block]).float()
             i = logits.argmax(-1)
             m = logits.gather(-1, i[:, None]).squeeze(-1)
             better = m > best
             best, idx = torch.where(better, m, best), torch.where(better, i + a, idx)
-        out[r: r + ARGMAX_ROWS] = idx
+        out[r : r + ARGMAX_ROWS] = idx
     return out.view(b, T)
 
 
@@ -181,8 +188,9 @@ class _DistillRows(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, teacher: Callable[[int, int], Tensor], shifts: Sequence[int], chunk: int, kl: bool,
-                *logits: Tensor) -> tuple[Tensor, ...]:
+    def forward(
+        ctx, teacher: Callable[[int, int], Tensor], shifts: Sequence[int], chunk: int, kl: bool, *logits: Tensor
+    ) -> tuple[Tensor, ...]:
         b, T, _ = logits[0].shape
         lo, hi = min(shifts), max(shifts)
         rows = [x.new_zeros(b, T, dtype=torch.float32) for x in logits]
@@ -204,9 +212,16 @@ class _DistillRows(torch.autograd.Function):
         return None, None, None, None, *(g * gr[..., None].to(g.dtype) for g, gr in zip(grads, grad_rows))
 
 
-def distill_rows(logits: Sequence[Tensor], shifts: Sequence[int], batch: dict, lm_head: torch.nn.Linear,
-                 num_layers: int, kind: str = "soft_ce", vocab_ids: Tensor | None = None,
-                 chunk: int | None = None) -> list[Tensor]:
+def distill_rows(
+    logits: Sequence[Tensor],
+    shifts: Sequence[int],
+    batch: dict,
+    lm_head: torch.nn.Linear,
+    num_layers: int,
+    kind: str = "soft_ce",
+    vocab_ids: Tensor | None = None,
+    chunk: int | None = None,
+) -> list[Tensor]:
     """Per-row losses of several drafter outputs against the target: logits[i] [B, T, V'] at row t against
     P_{t + shifts[i]}, by `soft_ce` (-sum p log q) or `kl` (KL(p || q)) — each equal to
     soft_ce/kl_to(logits[i], ahead(P, shifts[i])). P is built `chunk` rows at a time, once per chunk for
@@ -276,8 +291,9 @@ def gradual_curriculum(step: int, n: int, max_steps: int, fraction: float = 0.5)
     return on
 
 
-def exit_curriculum(kind: str, step: int, n: int, max_steps: int = 1000, every: int = 2,
-                    fraction: float = 0.5) -> list[bool]:
+def exit_curriculum(
+    kind: str, step: int, n: int, max_steps: int = 1000, every: int = 2, fraction: float = 0.5
+) -> list[bool]:
     """Which of n exits (shallow first) train at `step`: `none` (all), `rotational` or `gradual`."""
     if kind == "none":
         return [True] * n

@@ -45,9 +45,13 @@ class MedusaConfig:
 
     num_heads: int = 4  # K heads; head k predicts the token k+2 positions ahead of its state
     num_layers: int = 1  # ResBlocks per head
-    head: Literal["shared", "copied"] = "shared"  # vocabulary projection: the target's frozen LM head | a trainable copy per head
+    head: Literal["shared", "copied"] = (
+        "shared"  # vocabulary projection: the target's frozen LM head | a trainable copy per head
+    )
     per_head_vocab: bool = False  # old spelling of head=copied (kept so old configs load; resolved keeps both in step)
-    residual_init: Literal["medusa", "identity"] = "medusa"  # medusa: W = 0, b default (Medusa-1's code); identity: b = 0 too
+    residual_init: Literal["medusa", "identity"] = (
+        "medusa"  # medusa: W = 0, b default (Medusa-1's code); identity: b = 0 too
+    )
     loss: str = "ce"  # ce (token labels) | kl (to the target's own next-token distributions)
     step_decay: float = 0.8  # loss weight decay^k of head k
 
@@ -59,7 +63,9 @@ class MedusaConfig:
 
     def resolved(self, num_layers: int, vocab_size: int) -> MedusaConfig:
         if self.num_heads < 1 or self.num_layers < 1:
-            raise ValueError(f"Medusa needs num_heads >= 1 and num_layers >= 1, got {self.num_heads}, {self.num_layers}")
+            raise ValueError(
+                f"Medusa needs num_heads >= 1 and num_layers >= 1, got {self.num_heads}, {self.num_layers}"
+            )
         if self.loss not in ("ce", "kl"):
             raise ValueError(f"Medusa loss {self.loss!r} not one of ['ce', 'kl']")
         copied = self.head == "copied" or self.per_head_vocab
@@ -127,8 +133,9 @@ class Medusa(nn.Module):
 
     def head_logits(self, h: Tensor, heads: int | None = None) -> Tensor:
         """The first `heads` heads' logits (all by default) from target states h [.., H]. -> [K, .., V]"""
-        return torch.stack([self.one_head(block, lm_head, h)
-                            for block, lm_head in zip(self.blocks[:heads], self.head_modules())])
+        return torch.stack(
+            [self.one_head(block, lm_head, h) for block, lm_head in zip(self.blocks[:heads], self.head_modules())]
+        )
 
     def forward(self, batch: dict, step: int = 0) -> tuple[Tensor, dict[str, float]]:
         """= loss(batch, step); call the module itself so DDP/accelerate wrappers see the forward."""
@@ -158,8 +165,11 @@ class Medusa(nn.Module):
             losses.append(masked_mean(per_row, v))
             accs.append(masked_mean((logits.argmax(-1) == want).float(), v))
         total = sum(w * lo for w, lo in zip(step_weights(len(losses), self.config.step_decay), losses))
-        return total, {"loss": float(total.detach()), **loss_metrics(self.config.loss, losses),
-                       **loss_metrics("acc", accs)}
+        return total, {
+            "loss": float(total.detach()),
+            **loss_metrics(self.config.loss, losses),
+            **loss_metrics("acc", accs),
+        }
 
     def draft_logits(self, h: Tensor, heads: int) -> Tensor:
         """Decoding: the first `heads` heads' logits at one target state h [H]. -> [K, V]

@@ -23,6 +23,7 @@ case = registrar(CASES)
 
 # --- decode: damaged target files -------------------------------------------------------------
 
+
 @case
 def truncated_target_weights(tmp, base):
     t = copy(base / "target", tmp / "t")
@@ -46,9 +47,11 @@ def target_without_config(tmp, base):
 
 # --- decode: nonsense options (all fail before the target loads) --------------------------------
 
+
 def option_case(name: str, opts: tuple[str, ...], want: str) -> None:
     def build(tmp, base):
         return gen(base, *opts), want
+
     build.__name__ = name
     case(build)
 
@@ -57,12 +60,20 @@ for _name, _opts, _want in [
     ("tree_dynamic_topk_0", ("--tree", "dynamic:topk=0"), r"--tree 'dynamic:topk=0': topk must be >= 1, got 0"),
     ("tree_dynamic_depth_negative", ("--tree", "dynamic:depth=-1"), r"--tree 'dynamic:depth=-1': depth must be >= 1"),
     ("tree_dynamic_nodes_0", ("--tree", "dynamic:nodes=0"), r"--tree 'dynamic:nodes=0': nodes must be >= 1"),
-    ("tree_dynamic_unknown_key", ("--tree", "dynamic:width=3"), r"--tree 'dynamic:width=3': option 'width=3' not one of"),
+    (
+        "tree_dynamic_unknown_key",
+        ("--tree", "dynamic:width=3"),
+        r"--tree 'dynamic:width=3': option 'width=3' not one of",
+    ),
     ("tree_dynamic_not_int", ("--tree", "dynamic:topk=many"), r"--tree 'dynamic:topk=many': topk needs an integer"),
     ("tree_unknown_kind", ("--tree", "bushy"), r"--tree 'bushy': expected chain \| static:FILE \| dynamic"),
     ("policy_unknown", ("--policy", "greedy"), r"--policy 'greedy': available policies are"),
     ("policy_threshold_p_2", ("--policy", "threshold:p=2"), r"--policy threshold:p=2\.0: p must be in \[0, 1\]"),
-    ("policy_option_not_int", ("--policy", "learning:max=x"), r"--policy 'learning:max=x': max needs an integer, got 'x'"),
+    (
+        "policy_option_not_int",
+        ("--policy", "learning:max=x"),
+        r"--policy 'learning:max=x': max needs an integer, got 'x'",
+    ),
     ("draft_len_0", ("--draft-len", "0"), r"--draft-len 0: a chain needs at least 1 token"),
     ("temperature_negative", ("--temperature", "-1"), r"--temperature -1\.0: must be >= 0"),
     ("top_p_0", ("--temperature", "1", "--top-p", "0"), r"--top-p 0\.0: must be in \(0, 1\]"),
@@ -78,7 +89,9 @@ for _name, _opts, _want in [
 
 @case
 def drafter_option_not_int(tmp, base):
-    return gen(base, drafter="prompt-lookup:ngram=x"), r"drafter 'prompt-lookup:ngram=x': ngram needs an integer, got 'x'"
+    return gen(
+        base, drafter="prompt-lookup:ngram=x"
+    ), r"drafter 'prompt-lookup:ngram=x': ngram needs an integer, got 'x'"
 
 
 @case
@@ -87,6 +100,7 @@ def drafter_early_exit_out_of_range(tmp, base):
 
 
 # --- decode: static tree files ----------------------------------------------------------------
+
 
 @case
 def tree_static_missing_file(tmp, base):
@@ -112,6 +126,7 @@ def tree_static_not_ranks(tmp, base):
 
 
 # --- the sweep over this file's cases ---------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_bad_input(name, tmp_path, base, capsys):

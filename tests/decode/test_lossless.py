@@ -40,7 +40,13 @@ def tiny_pair(tmp_path_factory):
 
 
 def _specs(n_layers: int, draft_dir) -> list[str]:
-    return ["early-exit:1", f"early-exit:{n_layers - 1}", "skip:1", f"skip:0,{n_layers - 1}", f"draft-model:{draft_dir}"]
+    return [
+        "early-exit:1",
+        f"early-exit:{n_layers - 1}",
+        "skip:1",
+        f"skip:0,{n_layers - 1}",
+        f"draft-model:{draft_dir}",
+    ]
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
@@ -64,11 +70,19 @@ def test_greedy_equals_ar_tiny(tiny_pair, tmp_path, shape, family):
 def test_greedy_equals_ar_bundled(stories, shape):
     ids = encode_prompt(stories, "One day, a boy named Tim went to the park with his mom.")
     ref = generate(stories, ARDrafter(), ids, 60)
-    for spec in ["early-exit:1", "early-exit:2", "early-exit:4", "skip:2", "skip:1,3", "draft-model:recipes/targets/stories260K"]:
+    for spec in [
+        "early-exit:1",
+        "early-exit:2",
+        "early-exit:4",
+        "skip:2",
+        "skip:1,3",
+        "draft-model:recipes/targets/stories260K",
+    ]:
         gen = generate(stories, make_drafter(spec, stories), ids, 60, shape=SHAPES[shape])
         assert gen.tokens == ref.tokens, spec
-    same = generate(stories, make_drafter("draft-model:recipes/targets/stories260K", stories), ids, 60,
-                    shape=Shape("chain", k=8))
+    same = generate(
+        stories, make_drafter("draft-model:recipes/targets/stories260K", stories), ids, 60, shape=Shape("chain", k=8)
+    )
     assert same.stats.tau > 6  # a drafter identical to the target is always accepted
 
 
@@ -127,7 +141,9 @@ def test_eos_and_max_new_tokens_are_exact(tiny_pair):
     target.eos_ids = {eos}
     try:
         ar = generate(target, ARDrafter(), prompt, 30)
-        sp = generate(target, make_drafter("draft-model:" + str(tiny_pair[1]), target), prompt, 30, shape=Shape("chain", k=8))
+        sp = generate(
+            target, make_drafter("draft-model:" + str(tiny_pair[1]), target), prompt, 30, shape=Shape("chain", k=8)
+        )
         sp2 = generate(target, make_drafter("skip:1", target), prompt, 30, shape=Shape("chain", k=8))
     finally:
         target.eos_ids = set()
@@ -171,7 +187,12 @@ def test_lazy_lm_head_visits_only_the_accepted_path_and_agrees_with_full_logits(
     cfg = SamplingConfig(temperature=0.9)
     for seed in range(5):
         a = verify_sampling(tree, probs_from_logits(full.logits, cfg), TorchRng(seed))
-        b = verify_sampling(tree, LazyRows(lambda h: probs_from_logits(stories.head(h), cfg), lean.last), TorchRng(seed))
-        c = verify_sampling(tree, LazyRows(lambda h: probs_from_logits(stories.head(h), cfg), lean.last,
-                                           child_rows(tree)), TorchRng(seed))
+        b = verify_sampling(
+            tree, LazyRows(lambda h: probs_from_logits(stories.head(h), cfg), lean.last), TorchRng(seed)
+        )
+        c = verify_sampling(
+            tree,
+            LazyRows(lambda h: probs_from_logits(stories.head(h), cfg), lean.last, child_rows(tree)),
+            TorchRng(seed),
+        )
         assert a == b == c

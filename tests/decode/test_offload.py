@@ -56,8 +56,12 @@ def assert_streams(target: Target, layers: list[int]) -> None:
 def test_disk_offload_matches_in_memory_tiny(tmp_path, family, attn):
     tiny_model(family, attn, layers=4, seed=2).save_pretrained(tmp_path / "model")
     ref = Target.load(tmp_path / "model", attn=attn)
-    off = load_target(tmp_path / "model", attn=attn, offload=OffloadConfig("disk", offload_dir=str(tmp_path / "off")),
-                      resident_layers=2)
+    off = load_target(
+        tmp_path / "model",
+        attn=attn,
+        offload=OffloadConfig("disk", offload_dir=str(tmp_path / "off")),
+        resident_layers=2,
+    )
     assert off.placement.streamed_layers == [2, 3] and off.placement.resident_layers == [0, 1]
     assert_streams(off, [2, 3])
     torch.manual_seed(0)
@@ -98,8 +102,16 @@ def test_bundled_target_offload_matches_and_drafting_never_streams(stories, tmp_
 
 
 def test_generate_cli_offload_disk_prints_the_same_text(tmp_path, capsys):
-    argv = ["--target", str(STORIES), "--prompt", "Once upon a time", "--max-new-tokens", "24",
-            "--drafter", "early-exit:2"]
+    argv = [
+        "--target",
+        str(STORIES),
+        "--prompt",
+        "Once upon a time",
+        "--max-new-tokens",
+        "24",
+        "--drafter",
+        "early-exit:2",
+    ]
     main(argv)
     plain = capsys.readouterr()
     main(argv + ["--offload", "disk", "--offload-dir", str(tmp_path / "off")])
@@ -115,7 +127,9 @@ def test_unwritable_offload_dir_is_a_clear_error(tmp_path):
 
 
 def test_max_memory_must_hold_the_resident_drafting_layers():
-    with pytest.raises(OffloadError, match=r"cannot hold the resident drafting set.*layers 0\.\.1.*at least 611\.28 KiB"):
+    with pytest.raises(
+        OffloadError, match=r"cannot hold the resident drafting set.*layers 0\.\.1.*at least 611\.28 KiB"
+    ):
         load_target(STORIES, offload=OffloadConfig("disk", max_memory="500KiB"), resident_layers=2)
     with pytest.raises(OffloadError, match="--offload disk"):
         load_target(STORIES, offload=OffloadConfig("none", max_memory="500KiB"))
@@ -171,15 +185,47 @@ def test_pass_cost_curve(stories, tmp_path):
 def test_costmodel_and_estimate_clis(tmp_path, capsys):
     from decode import costmodel, offload
 
-    costmodel.main(["--target", str(STORIES), "--offload", "disk", "--offload-dir", str(tmp_path / "off"),
-                    "--resident-layers", "2", "--tokens", "1,4", "--repeats", "1", "--out", str(tmp_path / "c.json")])
+    costmodel.main(
+        [
+            "--target",
+            str(STORIES),
+            "--offload",
+            "disk",
+            "--offload-dir",
+            str(tmp_path / "off"),
+            "--resident-layers",
+            "2",
+            "--tokens",
+            "1,4",
+            "--repeats",
+            "1",
+            "--out",
+            str(tmp_path / "c.json"),
+        ]
+    )
     doc = json.loads((tmp_path / "c.json").read_text())
     assert doc["placement"]["streamed_layers"] == [2, 3, 4] and sorted(load_curve(tmp_path / "c.json")) == [1, 4]
     capsys.readouterr()
-    offload.main(["--config", str(QWEN3_14B), "--offload", "disk", "--max-memory", "8GiB", "--resident-layers", "4",
-                  "--bandwidth", "1GB"])
+    offload.main(
+        [
+            "--config",
+            str(QWEN3_14B),
+            "--offload",
+            "disk",
+            "--max-memory",
+            "8GiB",
+            "--resident-layers",
+            "4",
+            "--bandwidth",
+            "1GB",
+        ]
+    )
     out = capsys.readouterr().out
     assert "8 of 40 resident, 32 streamed" in out and "| 1GB/s | 21.1 s (estimate) |" in out
-    assert offload.main(["--config", str(QWEN3_14B), "--offload", "disk", "--max-memory", "2GiB",
-                         "--resident-layers", "4"]) == 2
+    assert (
+        offload.main(
+            ["--config", str(QWEN3_14B), "--offload", "disk", "--max-memory", "2GiB", "--resident-layers", "4"]
+        )
+        == 2
+    )
     assert "at least 5.36 GiB" in capsys.readouterr().err

@@ -154,9 +154,16 @@ def test_undeclared_drafter_without_probabilities_is_caught_at_its_first_draft(t
         generate(tiny, Bare(), torch.tensor([3, 4, 5]), 8, policy=make_policy("threshold"))
 
 
-@pytest.mark.parametrize("spec,match", [("greedy", "available policies"), ("threshold:q=1", "not one of"),
-                                        ("threshold:p=2", r"\[0, 1\]"), ("learning:max=x", "needs an integer"),
-                                        ("stopping:decay=3", "decay")])
+@pytest.mark.parametrize(
+    "spec,match",
+    [
+        ("greedy", "available policies"),
+        ("threshold:q=1", "not one of"),
+        ("threshold:p=2", r"\[0, 1\]"),
+        ("learning:max=x", "needs an integer"),
+        ("stopping:decay=3", "decay"),
+    ],
+)
 def test_bad_policy_specs(spec, match):
     with pytest.raises(ValueError, match=match):
         make_policy(spec)
@@ -165,15 +172,33 @@ def test_bad_policy_specs(spec, match):
 def test_stop_rules_need_a_chain(stories):
     ids = encode_prompt(stories, "Once upon a time")
     with pytest.raises(ValueError, match="--tree chain"):
-        generate(stories, make_drafter("early-exit:2", stories), ids, 8, shape=Shape("dynamic", topk=2, depth=3, nodes=6),
-                 policy=make_policy("stopping"))
+        generate(
+            stories,
+            make_drafter("early-exit:2", stories),
+            ids,
+            8,
+            shape=Shape("dynamic", topk=2, depth=3, nodes=6),
+            policy=make_policy("stopping"),
+        )
 
 
 def test_target_pass_s_flag(capsys):
     from decode.generate import main
 
-    args = ["--target", str(STORIES), "--prompt", "Once upon a time", "--max-new-tokens", "6", "--drafter",
-            "early-exit:3", "--policy", "stopping", "--target-pass-s", "20"]
+    args = [
+        "--target",
+        str(STORIES),
+        "--prompt",
+        "Once upon a time",
+        "--max-new-tokens",
+        "6",
+        "--drafter",
+        "early-exit:3",
+        "--policy",
+        "stopping",
+        "--target-pass-s",
+        "20",
+    ]
     assert main(args) == 0
     assert "6 tokens" in capsys.readouterr().err
     policy = policy_for("stopping", 20.0)

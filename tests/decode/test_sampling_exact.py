@@ -116,10 +116,16 @@ CFGS = {
 
 
 @pytest.mark.parametrize("cfg", list(CFGS))
-@pytest.mark.parametrize("shape,stochastic,iid", [
-    ("chain2", True, False), ("chain2", False, False),
-    ("width2", True, False), ("width2", True, True), ("width2", False, False),
-])
+@pytest.mark.parametrize(
+    "shape,stochastic,iid",
+    [
+        ("chain2", True, False),
+        ("chain2", False, False),
+        ("width2", True, False),
+        ("width2", True, True),
+        ("width2", False, False),
+    ],
+)
 def test_one_round_distribution_is_exact(shape, stochastic, iid, cfg):
     p_cfg = CFGS[cfg]
     q_cfg = SamplingConfig(temperature=1.3)  # the drafter's own (different) distribution

@@ -57,8 +57,9 @@ def test_decode_after_compaction_equals_full_recompute(tiny):
 def test_first_k_layers_norm_head_equal_hf_path(tiny, k):
     ids = torch.randint(3, 128, (8,))
     ref = tiny.model(ids[None], output_hidden_states=True)
-    h, cap = tiny.run_layers(tiny.embed(ids), 0, k, tiny.new_cache(), torch.arange(8),
-                             mask=_causal(tiny, 8), capture=(k,))
+    h, cap = tiny.run_layers(
+        tiny.embed(ids), 0, k, tiny.new_cache(), torch.arange(8), mask=_causal(tiny, 8), capture=(k,)
+    )
     torch.testing.assert_close(cap[k], ref.hidden_states[k][0], atol=1e-5, rtol=1e-5)
     expect = tiny.model.lm_head(tiny.model.model.norm(ref.hidden_states[k]))[0]
     torch.testing.assert_close(tiny.head(h)[0], expect, atol=1e-5, rtol=1e-5)
@@ -88,7 +89,7 @@ def test_bundled_target_greedy_story(stories):
 
     story = "Once upon a time, there was a little girl named Lily. She loved to play outside in the park."
     ids = encode_prompt(stories, "Once upon a time")
-    expect = encode_prompt(stories, story).tolist()[ids.numel():]
+    expect = encode_prompt(stories, story).tolist()[ids.numel() :]
     gen = generate(stories, ARDrafter(), ids, len(expect))
     assert gen.tokens == expect  # token for token
     assert stories.tokenizer.decode(ids.tolist() + gen.tokens, skip_special_tokens=True) == story

@@ -40,8 +40,11 @@ def spread(step):
     return full
 
 
-SHAPES = [Shape("chain", k=5), Shape("static", choices=((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 2))),
-          Shape("dynamic", topk=3, depth=4, nodes=9)]
+SHAPES = [
+    Shape("chain", k=5),
+    Shape("static", choices=((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 2))),
+    Shape("dynamic", topk=3, depth=4, nodes=9),
+]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: s.kind)
@@ -58,8 +61,14 @@ def test_column_vocab_grows_the_same_greedy_tree(shape, seed):
         assert torch.allclose(cols.conf, full.conf)
 
 
-@pytest.mark.parametrize("cfg", [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.7, top_p=0.8),
-                                 SamplingConfig(temperature=1.3, top_k=4)])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        SamplingConfig(temperature=1.0),
+        SamplingConfig(temperature=0.7, top_p=0.8),
+        SamplingConfig(temperature=1.3, top_k=4),
+    ],
+)
 def test_sampled_chain_q_is_the_target_wide_distribution(cfg):
     """Each sampled token is in the vocabulary, and the q it is verified against is exactly the distribution
     the target-wide rows give (zero outside the vocabulary), so rejection sampling stays exact."""

@@ -7,8 +7,13 @@ import torch
 from decode.target import Target
 
 
-def make_batch(target: Target, input_ids: torch.Tensor, feature_ids: tuple[int, ...],
-               attention_mask: torch.Tensor | None = None, loss_mask: torch.Tensor | None = None) -> dict:
+def make_batch(
+    target: Target,
+    input_ids: torch.Tensor,
+    feature_ids: tuple[int, ...],
+    attention_mask: torch.Tensor | None = None,
+    loss_mask: torch.Tensor | None = None,
+) -> dict:
     """The batch contract: input_ids/attention_mask/loss_mask [B, T] and hidden {id: [B, T, D] float32}."""
     am = torch.ones_like(input_ids) if attention_mask is None else attention_mask
     lm = am.bool() if loss_mask is None else loss_mask
@@ -23,8 +28,14 @@ def greedy_sequences(target: Target, batch: int, length: int, seed: int = 0, pro
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, target.vocab_size, (batch, prompt), generator=g)
     with torch.no_grad():
-        out = target.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=length - prompt,
-                                    min_new_tokens=length - prompt, do_sample=False, pad_token_id=0)
+        out = target.model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=length - prompt,
+            min_new_tokens=length - prompt,
+            do_sample=False,
+            pad_token_id=0,
+        )
     return out[:, :length]
 
 
@@ -79,8 +90,10 @@ def build(kind: str, target: Target, seed: int = 0):
     if kind == "layerskip":
         return LayerSkip(target, LayerSkipConfig(draft_exit=2, adapter_rank=4))
     if kind == "layerskip-lora":
-        m = LayerSkip(target, LayerSkipConfig(mode="lora", draft_exit=2, lora_rank=4,
-                                                 lora_targets=("q_proj", "v_proj", "down_proj")))
+        m = LayerSkip(
+            target,
+            LayerSkipConfig(mode="lora", draft_exit=2, lora_rank=4, lora_targets=("q_proj", "v_proj", "down_proj")),
+        )
         with torch.no_grad():
             for name, p in m.lora.named_parameters():
                 if ".B." in f".{name}.":

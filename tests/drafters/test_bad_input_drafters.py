@@ -29,6 +29,7 @@ case, full_disk = registrar(CASES), registrar(FULL_DISK)
 
 # --- generate: damaged drafter files ----------------------------------------------------------
 
+
 @case
 def truncated_drafter_weights(tmp, base):
     d = copy(base / "eagle1", tmp / "d")
@@ -61,7 +62,9 @@ def drafter_config_missing_sections(tmp, base):
 def drafter_config_wrong_type(tmp, base):
     d = copy(base / "eagle1", tmp / "d")
     rewrite_json(d / "config.json", lambda m: m["config"].update(intermediate_size="big"))
-    return gen(base, drafter=str(d)), r"d/config\.json: Eagle1Config: intermediate_size must be an integer \(like the default 0\), got 'big'"
+    return gen(
+        base, drafter=str(d)
+    ), r"d/config\.json: Eagle1Config: intermediate_size must be an integer \(like the default 0\), got 'big'"
 
 
 @case
@@ -75,7 +78,9 @@ def drafter_tensor_wrong_shape(tmp, base):
 def drafter_tensor_wrong_dtype(tmp, base):
     d = copy(base / "eagle1", tmp / "d")
     retensor(d / "model.safetensors", lambda s: s.update({"fc.weight": s["fc.weight"].to(torch.int32)}))
-    return gen(base, drafter=str(d)), r"d/model\.safetensors: tensors of the wrong kind of dtype .*fc\.weight torch\.int32"
+    return gen(
+        base, drafter=str(d)
+    ), r"d/model\.safetensors: tensors of the wrong kind of dtype .*fc\.weight torch\.int32"
 
 
 @case
@@ -89,12 +94,19 @@ def engine_drafter_index_without_weight_map(tmp, base):
 
 # --- export and doctor --------------------------------------------------------------------------
 
+
 @case
 def export_truncated_weights(tmp, base):
     d = copy(base / "eagle1", tmp / "d")
     truncate(d / "model.safetensors")
-    return ["export", str(d), "--format", "native", "--out", str(tmp / "x")], \
-        r"d/model\.safetensors: not a readable safetensors file"
+    return [
+        "export",
+        str(d),
+        "--format",
+        "native",
+        "--out",
+        str(tmp / "x"),
+    ], r"d/model\.safetensors: not a readable safetensors file"
 
 
 @case
@@ -112,8 +124,14 @@ def export_out_is_a_file(tmp, base):
 
 @full_disk
 def export_out_disk_full(tmp, base):
-    return ["export", str(base / "eagle1"), "--format", "native", "--out", str(tmp / "x")], \
-        r"--out .*x: disk full .*nothing was written: free some space"
+    return [
+        "export",
+        str(base / "eagle1"),
+        "--format",
+        "native",
+        "--out",
+        str(tmp / "x"),
+    ], r"--out .*x: disk full .*nothing was written: free some space"
 
 
 @case
@@ -132,6 +150,7 @@ def doctor_engine_config_bad_json(tmp, base):
 
 
 # --- the sweep over this file's cases ---------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_bad_input(name, tmp_path, base, capsys):

@@ -22,10 +22,17 @@ def test_unknown_spec_lists_valid_forms(stories):
     assert "early-exit:K" in str(e.value) and "prompt-lookup" in str(e.value)
 
 
-@pytest.mark.parametrize("spec,msg", [
-    ("early-exit:5", "1..4"), ("early-exit:0", "1..4"), ("early-exit:x", "integers"),
-    ("skip:7", "0..4"), ("skip:0,1,2,3,4", "every layer"), ("skip:", "0..4"),
-])
+@pytest.mark.parametrize(
+    "spec,msg",
+    [
+        ("early-exit:5", "1..4"),
+        ("early-exit:0", "1..4"),
+        ("early-exit:x", "integers"),
+        ("skip:7", "0..4"),
+        ("skip:0,1,2,3,4", "every layer"),
+        ("skip:", "0..4"),
+    ],
+)
 def test_out_of_range_layers(stories, spec, msg):
     with pytest.raises(ValueError, match=msg):
         make_drafter(spec, stories)
@@ -38,8 +45,9 @@ def test_draft_model_with_other_tokenizer_is_refused(stories, tmp_path):
     d = tmp_path / "draft"
     tiny_model("llama", vocab=512, layers=1).save_pretrained(d)
     vocab = {f"w{i}": i for i in range(512)}
-    PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="w0")),
-                            bos_token="w1", eos_token="w2").save_pretrained(d)
+    PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="w0")), bos_token="w1", eos_token="w2"
+    ).save_pretrained(d)
     with pytest.raises(ValueError, match="tokenizer differs"):
         make_drafter(f"draft-model:{d}", stories)
 

@@ -23,10 +23,16 @@ def lc():
 
 
 def test_lever_names_what_a_run_changes_and_skips_bookkeeping(lc):
-    base = {"run_dir": "runs/a", "train": {"steps": 300, "threads": 1, "save_every": 300, "sim_eval_prompts": 8},
-            "drafter": {"eagle3": {"noise": "gaussian", "ttt_steps": 3}}}
-    run = {"run_dir": "runs/b", "train": {"steps": 300, "threads": 2, "save_every": 100, "sim_eval_prompts": 0},
-           "drafter": {"eagle3": {"noise": "none", "ttt_steps": 5}}}
+    base = {
+        "run_dir": "runs/a",
+        "train": {"steps": 300, "threads": 1, "save_every": 300, "sim_eval_prompts": 8},
+        "drafter": {"eagle3": {"noise": "gaussian", "ttt_steps": 3}},
+    }
+    run = {
+        "run_dir": "runs/b",
+        "train": {"steps": 300, "threads": 2, "save_every": 100, "sim_eval_prompts": 0},
+        "drafter": {"eagle3": {"noise": "none", "ttt_steps": 5}},
+    }
     assert lc.lever(run, base) == "drafter.eagle3.noise=none, drafter.eagle3.ttt_steps=5"
     assert lc.lever(base, base) == "(base)"
     # a key only one side has is a change too (a newer config key, say)
@@ -39,16 +45,26 @@ def test_lever_names_what_a_run_changes_and_skips_bookkeeping(lc):
 
 def test_lever_names_another_drafter_kind_once(lc):
     """An EAGLE-1 run against an EAGLE-3 base: the kind is the change, not every key of both kinds' sections."""
-    base = {"name": "eagle3", "train": {"steps": 300, "optimizer": "muon"},
-            "drafter": {"kind": "eagle3", "eagle3": {"ttt_steps": 3}, "eagle1": None}}
-    run = {"name": "eagle1", "train": {"steps": 300, "optimizer": "adamw"},
-           "drafter": {"kind": "eagle1", "eagle3": None, "eagle1": {"ce_weight": 0.1}}}
+    base = {
+        "name": "eagle3",
+        "train": {"steps": 300, "optimizer": "muon"},
+        "drafter": {"kind": "eagle3", "eagle3": {"ttt_steps": 3}, "eagle1": None},
+    }
+    run = {
+        "name": "eagle1",
+        "train": {"steps": 300, "optimizer": "adamw"},
+        "drafter": {"kind": "eagle1", "eagle3": None, "eagle1": {"ce_weight": 0.1}},
+    }
     assert lc.lever(run, base) == "drafter.kind=eagle1 (its drafter.eagle1 section), train.optimizer=adamw"
 
 
 def test_table_gets_a_changes_column_only_with_levers(lc, tmp_path):
-    point = {"run": "r", "step": 4, "trained_tokens": 10,
-             "shapes": {"chain-8": {"tau": 1.5, "by_depth": [0.4, 0.1, 0.0]}, "tree": {"tau": 2.0, "by_depth": [0.6]}}}
+    point = {
+        "run": "r",
+        "step": 4,
+        "trained_tokens": 10,
+        "shapes": {"chain-8": {"tau": 1.5, "by_depth": [0.4, 0.1, 0.0]}, "tree": {"tau": 2.0, "by_depth": [0.6]}},
+    }
     plain = lc.write_table([point], ["chain-8", "tree"], tmp_path / "a.md").splitlines()
     labelled = lc.write_table([{**point, "lever": "x=1"}], ["chain-8", "tree"], tmp_path / "b.md").splitlines()
     assert "changes" not in plain[0] and "| r | x=1 | 4 | 10 | 1.500 | 2.000 |" in labelled[2]
@@ -58,23 +74,34 @@ def test_table_gets_a_changes_column_only_with_levers(lc, tmp_path):
 
 def test_lever_plot_is_written(lc, tmp_path):
     def point(run, lever, tau, per_prompt=None):
-        return {"run": run, "step": 4, "lever": lever,
-                "shapes": {"tree": {"tau": tau, "by_depth": [0.5], **({"per_prompt": per_prompt} if per_prompt else {})}}}
+        return {
+            "run": run,
+            "step": 4,
+            "lever": lever,
+            "shapes": {"tree": {"tau": tau, "by_depth": [0.5], **({"per_prompt": per_prompt} if per_prompt else {})}},
+        }
 
     # with per-prompt τ (whiskers: the paired SE), and a run without them (an older point: no whisker)
-    lc.plot_levers([point("b", "(base)", 1.8, [1.7, 1.9]), point("n", "x=1", 1.7, [1.5, 1.9]), point("o", "y=2", 1.6)],
-                   ["tree"], tmp_path / "levers.png")
+    lc.plot_levers(
+        [point("b", "(base)", 1.8, [1.7, 1.9]), point("n", "x=1", 1.7, [1.5, 1.9]), point("o", "y=2", 1.6)],
+        ["tree"],
+        tmp_path / "levers.png",
+    )
     assert (tmp_path / "levers.png").stat().st_size > 1000
 
 
 def test_paired_delta_against_the_base_run(lc, tmp_path):
     def point(run, lever, taus):
-        return {"run": run, "step": 4, "lever": lever,
-                "shapes": {"tree": {"tau": sum(taus) / len(taus), "by_depth": [0.5], "per_prompt": taus}}}
+        return {
+            "run": run,
+            "step": 4,
+            "lever": lever,
+            "shapes": {"tree": {"tau": sum(taus) / len(taus), "by_depth": [0.5], "per_prompt": taus}},
+        }
 
     base, run = point("b", "(base)", [1.0, 2.0, 3.0]), point("n", "x=1", [1.1, 2.3, 3.2])
     mean, se = lc.paired_delta([1.1, 2.3, 3.2], [1.0, 2.0, 3.0])
-    assert abs(mean - 0.2) < 1e-12 and abs(se - 0.1 / 3 ** 0.5) < 1e-12  # diffs 0.1, 0.3, 0.2: std 0.1
+    assert abs(mean - 0.2) < 1e-12 and abs(se - 0.1 / 3**0.5) < 1e-12  # diffs 0.1, 0.3, 0.2: std 0.1
     table = lc.write_table([base, run], ["tree"], tmp_path / "t.md").splitlines()
     assert table[2].endswith("| - |") and table[3].endswith("| tree +0.200 ± 0.058 |"), table
     assert len({line.count("|") for line in table}) == 1, table
@@ -87,8 +114,17 @@ def test_paired_delta_against_the_base_run(lc, tmp_path):
 def test_reference_points_serve_as_the_base_of_a_later_ablation(lc, tmp_path):
     base_cfg = {"run_dir": "runs/a", "drafter": {"eagle3": {"ttt_steps": 3}}}
     ref = tmp_path / "old.points.jsonl"
-    ref.write_text(json.dumps({"run": "a", "step": 4, "config": base_cfg,
-                               "shapes": {"tree": {"tau": 1.5, "by_depth": [0.5], "per_prompt": [1.0, 2.0]}}}) + "\n")
+    ref.write_text(
+        json.dumps(
+            {
+                "run": "a",
+                "step": 4,
+                "config": base_cfg,
+                "shapes": {"tree": {"tau": 1.5, "by_depth": [0.5], "per_prompt": [1.0, 2.0]}},
+            }
+        )
+        + "\n"
+    )
     (points,) = lc.read_references([str(ref)])
     assert points["reference"] == str(ref)
     assert lc.base_config("a", [points]) == base_cfg  # a name: the reference run's stored config
@@ -101,9 +137,12 @@ def test_reference_points_serve_as_the_base_of_a_later_ablation(lc, tmp_path):
             lc.base_config(bad, [points])
     with pytest.raises(SystemExit, match="no such file"):
         lc.read_references([str(tmp_path / "none.jsonl")])
-    new = {"run": "b", "step": 4, "lever": lc.lever({"run_dir": "runs/b", "drafter": {"eagle3": {"ttt_steps": 5}}},
-                                                     base_cfg),
-           "shapes": {"tree": {"tau": 1.75, "by_depth": [0.5], "per_prompt": [1.5, 2.0]}}}
+    new = {
+        "run": "b",
+        "step": 4,
+        "lever": lc.lever({"run_dir": "runs/b", "drafter": {"eagle3": {"ttt_steps": 5}}}, base_cfg),
+        "shapes": {"tree": {"tau": 1.75, "by_depth": [0.5], "per_prompt": [1.5, 2.0]}},
+    }
     table = lc.write_table([{**points, "lever": "(base)"}, new], ["tree"], tmp_path / "t.md").splitlines()
     assert table[2].startswith("| a (from old.points.jsonl) | (base) |"), table
     assert table[3].startswith("| b | drafter.eagle3.ttt_steps=5 |") and "tree +0.250 ± 0.250" in table[3], table

@@ -24,14 +24,23 @@ def chatml_tokenizer(vocab_size: int = 384):
     tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tk.decoder = decoders.ByteLevel()
     text = [t for line in MT_BENCH.read_text().splitlines() for t in json.loads(line)["turns"]]
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIALS,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tk.train_from_iterator(text, trainer)
     # Qwen3: <think> and </think> are added tokens that are not "special" (they survive skip_special_tokens).
-    tk.add_tokens([AddedToken("<think>", normalized=False, special=False),
-                   AddedToken("</think>", normalized=False, special=False)])
-    return PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   chat_template=TEMPLATE.read_text())
+    tk.add_tokens(
+        [
+            AddedToken("<think>", normalized=False, special=False),
+            AddedToken("</think>", normalized=False, special=False),
+        ]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tk, eos_token="<|im_end|>", pad_token="<|endoftext|>", chat_template=TEMPLATE.read_text()
+    )
 
 
 @pytest.fixture(scope="session")
@@ -46,10 +55,20 @@ def chat_target_dir(tmp_path_factory, chatml):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=len(chatml), hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=1024,
-                      eos_token_id=chatml.eos_token_id, pad_token_id=chatml.pad_token_id, bos_token_id=None,
-                      tie_word_embeddings=False)
+    cfg = Qwen3Config(
+        vocab_size=len(chatml),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=1024,
+        eos_token_id=chatml.eos_token_id,
+        pad_token_id=chatml.pad_token_id,
+        bos_token_id=None,
+        tie_word_embeddings=False,
+    )
     d = tmp_path_factory.mktemp("chat_target")
     Qwen3ForCausalLM(cfg).save_pretrained(d)
     chatml.save_pretrained(d)

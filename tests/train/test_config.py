@@ -44,8 +44,10 @@ def test_defaults_and_path_defaults(tmp_path):
 
 
 def test_typed_drafter_and_train_sections(tmp_path):
-    r = load_recipe(write(tmp_path, "target: t\ndrafter:\n  kind: medusa\n  medusa:\n    num_heads: 3\n"),
-                    ["train.lr=1e-3", "drafter.layerskip.exits=[1, 2]"])
+    r = load_recipe(
+        write(tmp_path, "target: t\ndrafter:\n  kind: medusa\n  medusa:\n    num_heads: 3\n"),
+        ["train.lr=1e-3", "drafter.layerskip.exits=[1, 2]"],
+    )
     assert r.drafter.selected().num_heads == 3 and r.train.lr == 1e-3 and r.drafter.layerskip.exits == (1, 2)
     with pytest.raises(ConfigError, match="did you mean 'drafter.medusa.num_heads'"):
         load_recipe(write(tmp_path, "target: t\n"), ["drafter.medusa.num_head=3"])
@@ -55,8 +57,18 @@ def test_typed_drafter_and_train_sections(tmp_path):
 
 def test_overrides_nested_lists_and_typed_sections(tmp_path):
     p = write(tmp_path, "target: m\ndata:\n  max_length: 64\nfeatures:\n  hidden_ids: [1]\n")
-    r = load_recipe(p, ["data.max_length=128", "features.hidden_ids=[2, 3]", "data.held_out=0",
-                        "drafter.kind=eagle3", "drafter.eagle3.ttt_steps=4", "run_dir=/tmp/x", "data.source=a.jsonl"])
+    r = load_recipe(
+        p,
+        [
+            "data.max_length=128",
+            "features.hidden_ids=[2, 3]",
+            "data.held_out=0",
+            "drafter.kind=eagle3",
+            "drafter.eagle3.ttt_steps=4",
+            "run_dir=/tmp/x",
+            "data.source=a.jsonl",
+        ],
+    )
     assert r.data.max_length == 128 and r.features.hidden_ids == [2, 3]
     assert r.data.held_out == 0.0 and isinstance(r.data.held_out, float)  # int -> float
     assert r.drafter.kind == "eagle3" and r.drafter.eagle3.ttt_steps == 4
@@ -75,11 +87,17 @@ def test_unknown_keys_suggest_the_nearest(tmp_path):
 
 def test_type_and_value_errors(tmp_path):
     p = write(tmp_path, "target: m\n")
-    with pytest.raises(ConfigError, match="'data.max_length': Value 'long' of type 'str' could not be converted to Int"):
+    with pytest.raises(
+        ConfigError, match="'data.max_length': Value 'long' of type 'str' could not be converted to Int"
+    ):
         load_recipe(p, ["data.max_length=long"])
-    with pytest.raises(ConfigError, match=r"'features.mode': Invalid value 'sometimes', expected one of \['offline', 'onl"):
+    with pytest.raises(
+        ConfigError, match=r"'features.mode': Invalid value 'sometimes', expected one of \['offline', 'onl"
+    ):
         load_recipe(p, ["features.mode=sometimes"])
-    with pytest.raises(ConfigError, match=r"'features.hidden_ids\[1\]': Value 'x' .* could not be converted to Integer"):
+    with pytest.raises(
+        ConfigError, match=r"'features.hidden_ids\[1\]': Value 'x' .* could not be converted to Integer"
+    ):
         load_recipe(p, ["features.hidden_ids=[1, x]"])
     with pytest.raises(ConfigError, match=r"data.held_out=1.5: must be in \[0, 1\)"):
         load_recipe(p, ["data.held_out=1.5"])
@@ -101,7 +119,9 @@ def test_yaml_floats_empty_values_tuples_and_retargeting(tmp_path):
     assert r.drafter.eagle3.capture_ids == (1, 3)
     with pytest.raises(ConfigError, match=r"override 'drafter.layerskip.exits=\[1, x\]'"):
         load_recipe(p, ["drafter.layerskip.exits=[1, x]"])
-    with pytest.raises(ConfigError, match="'data.source': .* incompatible with type hint"):  # str | list[str], not a mapping
+    with pytest.raises(
+        ConfigError, match="'data.source': .* incompatible with type hint"
+    ):  # str | list[str], not a mapping
         load_recipe(p, ["data.source={a: 1}"])
     assert load_recipe(write(tmp_path, "target: m\nname: ${target}-run\n")).name == "m-run"  # OmegaConf interpolation
     with pytest.raises(ConfigError, match=r"'name': Interpolation key 'nope' not found$"):
@@ -131,7 +151,9 @@ def test_smollm2_recipes_fit_the_real_target_and_share_their_data():
 
     cfg = json.loads((REPO / "tests/data/smollm2-135m-config.json").read_text())
     L, V = cfg["num_hidden_layers"], cfg["vocab_size"]
-    recipes = {k: load_recipe(REPO / f"recipes/smollm2-135m/{k}.yaml") for k in ("eagle3", "eagle1", "medusa", "layerskip")}
+    recipes = {
+        k: load_recipe(REPO / f"recipes/smollm2-135m/{k}.yaml") for k in ("eagle3", "eagle1", "medusa", "layerskip")
+    }
     for kind, r in recipes.items():
         text = (REPO / f"recipes/smollm2-135m/{kind}.yaml").read_text()
         assert f"accelerate launch -m train recipes/smollm2-135m/{kind}.yaml" in text and "GPU-sized run" in text
@@ -141,7 +163,11 @@ def test_smollm2_recipes_fit_the_real_target_and_share_their_data():
         with_feature_ids(r, L)  # the shared hidden ids hold what this drafter needs
         r.drafter.selected().resolved(L, V)  # capture ids / exits in range for 30 layers
         # identical data and feature sections: the first recipe run pays for regeneration and extraction
-        assert (r.seed, r.data, r.features) == (recipes["eagle3"].seed, recipes["eagle3"].data, recipes["eagle3"].features)
+        assert (r.seed, r.data, r.features) == (
+            recipes["eagle3"].seed,
+            recipes["eagle3"].data,
+            recipes["eagle3"].features,
+        )
     ls = recipes["layerskip"].drafter.layerskip.resolved(L, V)
     assert (ls.mode, ls.exits, ls.draft_exit) == ("full", (8,), 8)
     assert recipes["eagle3"].drafter.eagle3.draft_vocab_size < V
@@ -174,8 +200,11 @@ def test_every_literal_setting_takes_each_of_its_words_in_yaml_and_overrides(tmp
             if word == "" or (key == "drafter.kind" and word):
                 continue  # drafter.kind's words are checked by the recipes that use them
             *parents, leaf = key.split(".")
-            yaml_text = "target: m\n" + "".join(f"{'  ' * i}{p}:\n" for i, p in enumerate(parents)) + \
-                f"{'  ' * len(parents)}{leaf}: {word}\n"
+            yaml_text = (
+                "target: m\n"
+                + "".join(f"{'  ' * i}{p}:\n" for i, p in enumerate(parents))
+                + f"{'  ' * len(parents)}{leaf}: {word}\n"
+            )
             from_file = load_recipe(write(tmp_path, yaml_text))
             from_override = load_recipe(write(tmp_path, "target: m\n"), [f"{key}={word}"])
             for r in (from_file, from_override):
@@ -186,16 +215,29 @@ def test_every_literal_setting_takes_each_of_its_words_in_yaml_and_overrides(tmp
 
 
 def test_yes_no_on_off_words_keep_their_meaning_per_type(tmp_path):
-    p = write(tmp_path, "target: m\nname: no\ndata:\n  split: off\n  chat_template: no\ntrain:\n  mixed_precision: no\n"
-                        "  eval_only: on\n  steps: 0\n")
+    p = write(
+        tmp_path,
+        "target: m\nname: no\ndata:\n  split: off\n  chat_template: no\ntrain:\n  mixed_precision: no\n"
+        "  eval_only: on\n  steps: 0\n",
+    )
     r = load_recipe(p)
-    assert (r.name, r.data.split, r.data.chat_template, r.train.mixed_precision, r.train.eval_only) == \
-        ("no", "off", False, "no", True)
-    r = load_recipe(write(tmp_path, "target: m\n"), ["name=yes", "data.split=on", "data.chat_template=off",
-                                                     "train.mixed_precision=no", "train.report_to=none"])
+    assert (r.name, r.data.split, r.data.chat_template, r.train.mixed_precision, r.train.eval_only) == (
+        "no",
+        "off",
+        False,
+        "no",
+        True,
+    )
+    r = load_recipe(
+        write(tmp_path, "target: m\n"),
+        ["name=yes", "data.split=on", "data.chat_template=off", "train.mixed_precision=no", "train.report_to=none"],
+    )
     assert (r.name, r.data.split, r.data.chat_template, r.train.mixed_precision) == ("yes", "on", False, "no")
-    with pytest.raises(ConfigError, match=r"'train.mixed_precision': Invalid value 'off', expected one of .*; set "
-                                          r"train.mixed_precision to one of them"):
+    with pytest.raises(
+        ConfigError,
+        match=r"'train.mixed_precision': Invalid value 'off', expected one of .*; set "
+        r"train.mixed_precision to one of them",
+    ):
         load_recipe(write(tmp_path, "target: m\n"), ["train.mixed_precision=off"])
 
 
@@ -208,8 +250,15 @@ def test_every_numeric_and_word_setting_has_a_range():
 
     leaves = schema_leaves()
     assert set(CHECKS) <= set(leaves), sorted(set(CHECKS) - set(leaves))
-    unchecked = [k for k, h in leaves.items() if k not in CHECKS and k not in FREE_TEXT
-                 and typing.get_origin(h) is not typing.Literal and h is not bool and h != bool | None]
+    unchecked = [
+        k
+        for k, h in leaves.items()
+        if k not in CHECKS
+        and k not in FREE_TEXT
+        and typing.get_origin(h) is not typing.Literal
+        and h is not bool
+        and h != bool | None
+    ]
     assert unchecked == []
 
 

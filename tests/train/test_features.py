@@ -21,7 +21,7 @@ from train.features import extract
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = f"""
-target: {REPO / 'recipes' / 'targets' / 'stories260K'}
+target: {REPO / "recipes" / "targets" / "stories260K"}
 data:
   max_length: 40
   held_out: 0.2
@@ -38,8 +38,15 @@ def work(tmp_path_factory) -> Path:
 
 
 def make_recipe(work: Path, name: str, *overrides: str):
-    return load_recipe(work / "stories_test.yaml", [f"run_dir={work / name}", f"data.regenerate.out_dir={work / 'regen'}",
-                                                    f"features.cache_dir={work / name / 'features'}", *overrides])
+    return load_recipe(
+        work / "stories_test.yaml",
+        [
+            f"run_dir={work / name}",
+            f"data.regenerate.out_dir={work / 'regen'}",
+            f"features.cache_dir={work / name / 'features'}",
+            *overrides,
+        ],
+    )
 
 
 @pytest.fixture(scope="session")
@@ -117,8 +124,11 @@ def r_path(r) -> Path:
 
 
 def overrides_of(r) -> list[str]:
-    return [f"run_dir={r.run_dir}", f"data.regenerate.out_dir={r.data.regenerate.out_dir}",
-            f"features.cache_dir={r.features.cache_dir}"]
+    return [
+        f"run_dir={r.run_dir}",
+        f"data.regenerate.out_dir={r.data.regenerate.out_dir}",
+        f"features.cache_dir={r.features.cache_dir}",
+    ]
 
 
 def test_seeded_shuffling_is_deterministic(built):
@@ -168,8 +178,9 @@ def test_mismatched_or_damaged_cache_is_an_error(built, work, stories, tmp_path)
     with pytest.raises(ValueError, match=r"hidden-state ids \[6\] out of range 0\.\.5"):
         extract(load_recipe(r_path(r), overrides_of(r) + ["features.hidden_ids=[2,5,6]"]), target=stories)
     with pytest.raises(ValueError, match=r"lacks \[5\], which a medusa drafter needs"):
-        extract(load_recipe(r_path(r), overrides_of(r) + ["features.hidden_ids=[2]", "drafter.kind=medusa"]),
-                target=stories)
+        extract(
+            load_recipe(r_path(r), overrides_of(r) + ["features.hidden_ids=[2]", "drafter.kind=medusa"]), target=stories
+        )
     # a damaged shard is refused, naming the file and how to rebuild
     broken = tmp_path / "broken"
     broken.mkdir()
@@ -191,12 +202,36 @@ def test_two_cpu_ranks_equal_one_process(built, work):
     Both stages are split across the ranks: regeneration (fresh directory) and extraction."""
     r, cache = built
     out, regen_two = work / "two", work / "regen_two"
-    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO),
-           "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "--main_process_port", str(free_port()), "-m", "train.features", str(r_path(r)), *overrides_of(r),
-           f"features.cache_dir={out}", f"data.regenerate.out_dir={regen_two}"]
+    env = {
+        **os.environ,
+        "ACCELERATE_USE_CPU": "true",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(REPO),
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(free_port()),
+        "-m",
+        "train.features",
+        str(r_path(r)),
+        *overrides_of(r),
+        f"features.cache_dir={out}",
+        f"data.regenerate.out_dir={regen_two}",
+    ]
     res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "on 2 process(es)" in res.stdout, res.stdout[-2000:]
@@ -204,7 +239,9 @@ def test_two_cpu_ranks_equal_one_process(built, work):
     for p in sorted(regen_one.glob("shard_*.jsonl")):
         assert (regen_two / p.name).read_text() == p.read_text()  # shard s is seeded by s, whichever rank ran it
     two = FeatureCache.open(out, cache.index["fingerprint"])
-    assert [(s["file"], s["tokens"]) for s in two.index["shards"]] == [(s["file"], s["tokens"]) for s in cache.index["shards"]]
+    assert [(s["file"], s["tokens"]) for s in two.index["shards"]] == [
+        (s["file"], s["tokens"]) for s in cache.index["shards"]
+    ]
     for name in (s["file"] for s in cache.index["shards"]):
         a, b = load_file(str(Path(r.features.cache_dir) / name)), load_file(str(out / name))
         assert sorted(a) == sorted(b)

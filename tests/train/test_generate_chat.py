@@ -17,8 +17,9 @@ def test_prompt_is_a_chat_turn_unless_raw(chat_target_dir, chatml, monkeypatch, 
     monkeypatch.setattr(g, "generate", spy)
     base = ["--target", str(chat_target_dir), "--prompt", "What is a dog?", "--max-new-tokens", "4"]
     assert g.main(base) == 0
-    templated = chatml.apply_chat_template([{"role": "user", "content": "What is a dog?"}], tokenize=False,
-                                           add_generation_prompt=True)
+    templated = chatml.apply_chat_template(
+        [{"role": "user", "content": "What is a dog?"}], tokenize=False, add_generation_prompt=True
+    )
     assert seen[0] == chatml(templated, add_special_tokens=False).input_ids
     assert "<|im_start|>" in templated and capsys.readouterr().out.startswith("What is a dog?\n")
     assert g.main([*base, "--raw"]) == 0

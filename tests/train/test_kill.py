@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = f"""
-target: {REPO / 'recipes' / 'targets' / 'stories260K'}
+target: {REPO / "recipes" / "targets" / "stories260K"}
 data:
   max_length: 40
   held_out: 0.2
@@ -40,16 +40,28 @@ def start(module: str, tmp: Path, kill_at: str = "") -> tuple[subprocess.Popen, 
     (a file, not a pipe: nothing can block). Run from `tmp`, not the repository."""
     recipe = tmp / "tiny.yaml"
     recipe.write_text(RECIPE)
-    env = {**os.environ, "DRAFTSMITH_DATA": str(tmp / "data"), "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1",
-           "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {
+        **os.environ,
+        "DRAFTSMITH_DATA": str(tmp / "data"),
+        "PYTHONPATH": str(REPO),
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     env.pop("DRAFTSMITH_KILL_AT", None)
     if kill_at:
         env["DRAFTSMITH_KILL_AT"] = kill_at
     n = len(list(tmp.glob("log_*.txt")))
     log = tmp / f"log_{n}.txt"
     with log.open("w") as f:
-        proc = subprocess.Popen([sys.executable, "-m", module, str(recipe), f"run_dir={tmp / 'run'}"], cwd=tmp,
-                                env=env, stdout=f, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", module, str(recipe), f"run_dir={tmp / 'run'}"],
+            cwd=tmp,
+            env=env,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+        )
     return proc, log
 
 
@@ -71,8 +83,11 @@ def kill_when(module: str, tmp: Path, pattern: str) -> tuple[int, str]:
 
 def shard_hashes(home: Path) -> dict[str, str]:
     """sha256 of every regenerated and feature shard, manifest and index, by path under the data home."""
-    files = [p for p in home.rglob("*") if p.is_file() and (p.name.startswith("shard_") or p.name in
-                                                             ("_regen.json", "index.json"))]
+    files = [
+        p
+        for p in home.rglob("*")
+        if p.is_file() and (p.name.startswith("shard_") or p.name in ("_regen.json", "index.json"))
+    ]
     return {str(p.relative_to(home)): hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
 
 

@@ -62,9 +62,7 @@ def test_noise_draws():
     n = add_noise(torch.zeros(20000), "gaussian", 0.05, torch.Generator().manual_seed(0))
     assert float(n.std()) == pytest.approx(0.05, rel=0.05)
     # the draws do not depend on the features' dtype (bf16 caches draw what fp32 ones do)
-    b = add_noise(
-        torch.zeros(20000, dtype=torch.bfloat16), "gaussian", 0.05, torch.Generator().manual_seed(0)
-    )
+    b = add_noise(torch.zeros(20000, dtype=torch.bfloat16), "gaussian", 0.05, torch.Generator().manual_seed(0))
     assert b.dtype == torch.bfloat16 and torch.equal(b, n.to(torch.bfloat16))
     # relative: each element moved by std of its own size; zeros stay zeros, the same draws as gaussian
     x = torch.cat([torch.zeros(10000), torch.full((10000,), 2.0), torch.full((10000,), -60.0)])
@@ -105,9 +103,7 @@ def test_noise_changes_training_only_and_is_seeded(kind, noise):
 
 def test_feature_noise_is_the_old_spelling_of_uniform_noise(tmp_path):
     t = tiny_target()
-    old = new_drafter(
-        "eagle1", t, {"ce_weight": 0.1, "feature_noise": 0.2, "eval_depth": 7}
-    )  # an old config.json
+    old = new_drafter("eagle1", t, {"ce_weight": 0.1, "feature_noise": 0.2, "eval_depth": 7})  # an old config.json
     assert (old.config.noise, old.config.noise_std, old.config.feature_noise) == ("uniform", 0.1, 0.0)
     with pytest.raises(ValueError, match="feature_noise 0.2 and noise 'gaussian' both set"):
         Eagle1Config(feature_noise=0.2, noise="gaussian")
@@ -173,9 +169,7 @@ def test_muon_takes_matrices_and_adamw_the_rest(tmp_path):
     assert len(muon) == 2 and len(adamw) == 4  # block weights | block biases + the two copied heads
     with pytest.raises(ConfigError, match="train.optimizer"):
         load_recipe(write_recipe(tmp_path), ["train.optimizer=sgd"])
-    with pytest.raises(
-        ValueError, match="train.optimizer=muon is supported on one process and DDP, not DEEPSPEED"
-    ):
+    with pytest.raises(ValueError, match="train.optimizer=muon is supported on one process and DDP, not DEEPSPEED"):
         make_optimizers(m, TrainConfig(optimizer="muon"), "DEEPSPEED")
 
 
@@ -242,9 +236,7 @@ def test_medusa_identity_init_starts_as_the_targets_head():
         assert all(torch.equal(lg, want) for lg in m.head_logits(h))
     default = Medusa(t, MedusaConfig(num_heads=3))  # Medusa-1's code: W = 0 but a random bias, x + SiLU(b)
     assert not torch.allclose(default.head_logits(h)[0], want)
-    assert (
-        new_drafter("medusa", t, {"num_heads": 2, "per_head_vocab": True}).config.head == "copied"
-    )  # old config
+    assert new_drafter("medusa", t, {"num_heads": 2, "per_head_vocab": True}).config.head == "copied"  # old config
     copied = Medusa(t, MedusaConfig(num_heads=2, head="copied"))
     assert copied.config.per_head_vocab and all(p.requires_grad for p in copied.lm_heads.parameters())
     with pytest.raises(ValueError, match="Medusa head 'own' not one of"):
@@ -273,12 +265,7 @@ def test_layerskip_recipe_chooses_rank_and_layers(tmp_path):
     assert adapted == {"0", "2"}
     assert {p.shape[0] for n, p in m.lora.named_parameters() if n.endswith("A.weight")} == {3}  # the rank
     heads = load_recipe(
-        recipe,
-        [
-            "drafter.layerskip.exits=[1, 3]",
-            "drafter.layerskip.draft_exit=3",
-            "drafter.layerskip.adapter_rank=2",
-        ],
+        recipe, ["drafter.layerskip.exits=[1, 3]", "drafter.layerskip.draft_exit=3", "drafter.layerskip.adapter_rank=2"]
     )
     m = LayerSkip(tiny_target(), heads.drafter.layerskip)
     assert sorted(m.exits) == ["1", "3"] and m.exits["3"].down.weight.shape == (2, t.hidden_size)
@@ -302,10 +289,7 @@ def test_eagle3_levers_recipe_resumes_exactly(tmp_path, regen, monkeypatch):  # 
 
     def overrides(name: str) -> list[str]:
         return (
-            recipe_overrides(
-                regen, tmp_path / name / "run", "eagle3", steps=6, save_every=2, optimizer="muon"
-            )
-            + levers
+            recipe_overrides(regen, tmp_path / name / "run", "eagle3", steps=6, save_every=2, optimizer="muon") + levers
         )
 
     full = run(tmp_path / "a", overrides("a"))
@@ -323,10 +307,7 @@ def test_eagle3_levers_recipe_resumes_exactly(tmp_path, regen, monkeypatch):  # 
     assert [r["loss"] for r in steps[0]] == [r["loss"] for r in steps[1]]  # same seed, and the resume, exact
     for r in steps[0]:  # equal step weights: the loss is the plain sum of the three steps' CE
         assert r["train/loss"] == pytest.approx(sum(r[f"train/ce_{k}"] for k in (1, 2, 3)), rel=1e-5)
-    a, b = (
-        load_file(str(full / "export/model.safetensors")),
-        load_file(str(resumed / "export/model.safetensors")),
-    )
+    a, b = (load_file(str(full / "export/model.safetensors")), load_file(str(resumed / "export/model.safetensors")))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     target = Target.load(REPO / "recipes/targets/stories260K")
     assert torch.equal(a["lm_head.weight"], target.lm_head.weight)  # the full vocabulary's rows, frozen

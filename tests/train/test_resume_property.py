@@ -35,25 +35,61 @@ KINDS = {  # id -> (drafter overrides, features mode): offline and online both c
     "eagle3": (["drafter.kind=eagle3", "drafter.eagle3.ttt_steps=2", "drafter.eagle3.draft_vocab_size=128"], "online"),
     "medusa": (["drafter.kind=medusa", "drafter.medusa.num_heads=2"], "offline"),
     "layerskip_exits": (["drafter.kind=layerskip", "drafter.layerskip.curriculum=rotational"], "offline"),
-    "layerskip_lora": (["drafter.kind=layerskip", "drafter.layerskip.mode=lora", "drafter.layerskip.lora_rank=2",
-                        "drafter.layerskip.lora_dropout=0.1", "drafter.layerskip.layer_dropout=0.2"], "online"),
-    "layerskip_copied_layers": (["drafter.kind=layerskip", "drafter.layerskip.mode=full",
-                                 "drafter.layerskip.draft_exit=2", "drafter.layerskip.layer_dropout=0.2"], "offline"),
+    "layerskip_lora": (
+        [
+            "drafter.kind=layerskip",
+            "drafter.layerskip.mode=lora",
+            "drafter.layerskip.lora_rank=2",
+            "drafter.layerskip.lora_dropout=0.1",
+            "drafter.layerskip.layer_dropout=0.2",
+        ],
+        "online",
+    ),
+    "layerskip_copied_layers": (
+        [
+            "drafter.kind=layerskip",
+            "drafter.layerskip.mode=full",
+            "drafter.layerskip.draft_exit=2",
+            "drafter.layerskip.layer_dropout=0.2",
+        ],
+        "offline",
+    ),
 }
 
 
 def overrides(home: Path, run_dir: Path, kind: str) -> list[str]:
     """24 regenerated stories, 20 for training: batch 4 -> 5 micro-batches an epoch, 16 in the run (3.2 epochs)."""
     drafter, mode = KINDS[kind]
-    return [f"target={REPO / 'recipes/targets/stories260K'}", f"run_dir={run_dir}", *drafter,
-            "data.max_length=24", "data.held_out=0.17", "data.regenerate.enabled=true",
-            f"data.regenerate.out_dir={home / 'regen'}", "data.regenerate.num_samples=24",
-            "data.regenerate.max_new_tokens=20", "data.regenerate.stop_ids=[1]", f"features.mode={mode}",
-            "features.dtype=fp32", f"train.steps={STEPS}", "train.batch_size=4", f"train.grad_accum={ACCUM}",
-            "train.lr=3e-3", "train.warmup_steps=2", f"train.save_every={SAVE_EVERY}", "train.keep_checkpoints=1",
-            "train.log_every=1", "train.eval_every=3", "train.eval_batches=1", "train.sim_eval_prompts=1",
-            "train.sim_periodic_prompts=1", "train.sim_prompt_len=6", "train.sim_max_new_tokens=6",
-            "train.report_to=none", "train.threads=1"]
+    return [
+        f"target={REPO / 'recipes/targets/stories260K'}",
+        f"run_dir={run_dir}",
+        *drafter,
+        "data.max_length=24",
+        "data.held_out=0.17",
+        "data.regenerate.enabled=true",
+        f"data.regenerate.out_dir={home / 'regen'}",
+        "data.regenerate.num_samples=24",
+        "data.regenerate.max_new_tokens=20",
+        "data.regenerate.stop_ids=[1]",
+        f"features.mode={mode}",
+        "features.dtype=fp32",
+        f"train.steps={STEPS}",
+        "train.batch_size=4",
+        f"train.grad_accum={ACCUM}",
+        "train.lr=3e-3",
+        "train.warmup_steps=2",
+        f"train.save_every={SAVE_EVERY}",
+        "train.keep_checkpoints=1",
+        "train.log_every=1",
+        "train.eval_every=3",
+        "train.eval_batches=1",
+        "train.sim_eval_prompts=1",
+        "train.sim_periodic_prompts=1",
+        "train.sim_prompt_len=6",
+        "train.sim_max_new_tokens=6",
+        "train.report_to=none",
+        "train.threads=1",
+    ]
 
 
 def train_run(home: Path, run_dir: Path, kind: str) -> int:
@@ -146,26 +182,64 @@ def test_kill_points_cover_the_three_cases():
 # --- the slow variant: 2 CPU ranks, sharded ------------------------------------------------------
 
 SHARDED = {  # accelerate launch arguments and environment for 2 CPU ranks
-    "ddp": (["--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
-             "--dynamo_backend", "no"], {"ACCELERATE_USE_CPU": "true"}),
+    "ddp": (
+        [
+            "--multi_gpu",
+            "--num_processes",
+            "2",
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+        ],
+        {"ACCELERATE_USE_CPU": "true"},
+    ),
     "fsdp": (["--config_file", str(REPO / "recipes/accelerate/fsdp_cpu_2proc.yaml")], {}),
-    "zero3": (["--config_file", str(REPO / "recipes/accelerate/deepspeed_zero3.yaml"), "--num_processes", "2",
-               "--mixed_precision", "no"], {"DS_ACCELERATOR": "cpu"}),
+    "zero3": (
+        [
+            "--config_file",
+            str(REPO / "recipes/accelerate/deepspeed_zero3.yaml"),
+            "--num_processes",
+            "2",
+            "--mixed_precision",
+            "no",
+        ],
+        {"DS_ACCELERATOR": "cpu"},
+    ),
 }
 
 
 def launch(home: Path, run_dir: Path, kind: str, backend: str, kill_at: str = "") -> int:
     args, extra = SHARDED[backend]
-    env = {**os.environ, **extra, "DRAFTSMITH_DATA": str(home / "data"), "PYTHONPATH": str(REPO),
-           "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-           "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache/torch_extensions"))}
+    env = {
+        **os.environ,
+        **extra,
+        "DRAFTSMITH_DATA": str(home / "data"),
+        "PYTHONPATH": str(REPO),
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "TORCH_EXTENSIONS_DIR": os.environ.get("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache/torch_extensions")),
+    }
     env.pop("DRAFTSMITH_KILL_AT", None)
     if kill_at:
         env["DRAFTSMITH_KILL_AT"] = kill_at
     recipe = home / "tiny.yaml"
     recipe.write_text(f"target: {REPO / 'recipes/targets/stories260K'}\n")
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", *args, "-m", "train", str(recipe),
-           *overrides(home, run_dir, kind), "train.batch_size=2"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        *args,
+        "-m",
+        "train",
+        str(recipe),
+        *overrides(home, run_dir, kind),
+        "train.batch_size=2",
+    ]
     with (run_dir.parent / f"{run_dir.name}.log").open("a") as log:
         return subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, timeout=900).returncode
 

@@ -12,8 +12,11 @@ from tests.drafters.batches import fit, make_batch
 from train.loop import TrainConfig
 from train.simeval import held_out_prompts, load_or_build, prefix_prompt, prompt_set, sim_eval
 
-PROMPTS = ["Once upon a time, there was a little girl named Lily.", "The dog ran to the park.",
-           "Tom had a big red ball."]
+PROMPTS = [
+    "Once upon a time, there was a little girl named Lily.",
+    "The dog ran to the park.",
+    "Tom had a big red ball.",
+]
 
 
 def test_prefix_prompt_rules():
@@ -23,9 +26,14 @@ def test_prefix_prompt_rules():
     assert prefix_prompt(ids, story, 5) == list(range(10, 15))
     assert prefix_prompt(ids, chat, 5) == list(range(10, 17))
     assert prefix_prompt(ids[:5], story[:5], 5) is None  # nothing left to continue
-    items = [{"input_ids": ids, "loss_mask": story},
-             {"input_ids": torch.cat([ids, ids]), "loss_mask": torch.cat([chat, story]),
-              "segments": torch.tensor([1] * 20 + [2] * 20)}]
+    items = [
+        {"input_ids": ids, "loss_mask": story},
+        {
+            "input_ids": torch.cat([ids, ids]),
+            "loss_mask": torch.cat([chat, story]),
+            "segments": torch.tensor([1] * 20 + [2] * 20),
+        },
+    ]
     assert held_out_prompts(items, 5, 5, room=100) == [list(range(10, 15)), list(range(10, 17))]
     assert held_out_prompts(items, 5, 5, room=6) == [list(range(10, 15))]  # too long for the positions
 
@@ -39,8 +47,13 @@ def test_simulated_tau_equals_decoded_tau(tmp_path, stories, kind):
     from drafters.serving.checkpoint import new_drafter, save_drafter
 
     (tmp_path / "p.txt").write_text("\n".join(PROMPTS) + "\n")
-    cfg = TrainConfig(sim_prompts=str(tmp_path / "p.txt"), sim_eval_prompts=3, sim_max_new_tokens=40, sim_chain=5,
-                      sim_tree="dynamic:topk=4,depth=4,nodes=12")
+    cfg = TrainConfig(
+        sim_prompts=str(tmp_path / "p.txt"),
+        sim_eval_prompts=3,
+        sim_max_new_tokens=40,
+        sim_chain=5,
+        sim_tree="dynamic:topk=4,depth=4,nodes=12",
+    )
     items = load_or_build(tmp_path / "sim.json", stories, prompt_set(cfg, stories, []), 40)
     # a drafter that accepts something: fitted to these very continuations (a few steps memorise them)
     seqs = [it["prompt"] + it["greedy"] for it in items]
@@ -50,8 +63,12 @@ def test_simulated_tau_equals_decoded_tau(tmp_path, stories, kind):
     counts = {"token_counts": torch.bincount(torch.tensor(sum(seqs, [])), minlength=stories.vocab_size)}
     module = new_drafter(kind, stories, cfgs[kind], **(counts if kind == "eagle3" else {}))
     module.train()
-    fit(module, make_batch(stories, torch.tensor([s[:n] for s in seqs]), module.feature_ids(stories.num_layers)),
-        steps=40, lr=3e-3)
+    fit(
+        module,
+        make_batch(stories, torch.tensor([s[:n] for s in seqs]), module.feature_ids(stories.num_layers)),
+        steps=40,
+        lr=3e-3,
+    )
     sim = sim_eval(module, stories, items, cfg)
     assert module.training  # the eval leaves the module as it found it
     save_drafter(module, tmp_path / "export")
@@ -72,8 +89,10 @@ def test_simulated_tau_equals_decoded_tau(tmp_path, stories, kind):
 def test_eval_set_is_deterministic_and_cached(tmp_path, stories, monkeypatch):
     from train import simeval
 
-    items = [{"input_ids": torch.tensor([1] + list(range(40, 70))), "loss_mask": torch.tensor([False] + [True] * 30)},
-             {"input_ids": torch.tensor([1] + list(range(90, 110))), "loss_mask": torch.tensor([False] + [True] * 20)}]
+    items = [
+        {"input_ids": torch.tensor([1] + list(range(40, 70))), "loss_mask": torch.tensor([False] + [True] * 30)},
+        {"input_ids": torch.tensor([1] + list(range(90, 110))), "loss_mask": torch.tensor([False] + [True] * 20)},
+    ]
     cfg = TrainConfig(sim_eval_prompts=2, sim_prompt_len=6, sim_max_new_tokens=24)
     prompts = prompt_set(cfg, stories, items)
     assert prompts == prompt_set(cfg, stories, items) == [[1, 40, 41, 42, 43, 44], [1, 90, 91, 92, 93, 94]]
@@ -86,5 +105,6 @@ def test_eval_set_is_deterministic_and_cached(tmp_path, stories, monkeypatch):
     # a different key (length, prompts) rebuilds
     monkeypatch.undo()
     assert load_or_build(tmp_path / "a.json", stories, prompts, 12)[0]["greedy"] == a[0]["greedy"][:12]
-    assert load_or_build(tmp_path / "a.json", stories, prompts[:1], 12) == [{"prompt": prompts[0],
-                                                                              "greedy": a[0]["greedy"][:12]}]
+    assert load_or_build(tmp_path / "a.json", stories, prompts[:1], 12) == [
+        {"prompt": prompts[0], "greedy": a[0]["greedy"][:12]}
+    ]

@@ -28,8 +28,9 @@ def regen(tmp_path_factory):
 @pytest.mark.parametrize("kind", ["eagle3", "layerskip"])
 def test_snapshot_of_the_last_step_is_the_export(tmp_path, regen, kind):
     extra = ["drafter.layerskip.mode=lora", "drafter.layerskip.lora_rank=2"] if kind == "layerskip" else []
-    run_dir = run(tmp_path, recipe_overrides(regen, tmp_path / "run", kind, steps=4, save_every=2,
-                                             keep_checkpoints=5) + extra)
+    run_dir = run(
+        tmp_path, recipe_overrides(regen, tmp_path / "run", kind, steps=4, save_every=2, keep_checkpoints=5) + extra
+    )
     out = snapshot(run_dir, 4, tmp_path / "snap4")
     a, b = load_file(str(out / "model.safetensors")), load_file(str(run_dir / "export/model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -39,8 +39,11 @@ def test_padded_batch_matches_output_hidden_states(tiny, side):
 def test_packed_rows_attend_within_their_own_sequence(stories):
     torch.manual_seed(1)
     seqs = [torch.randint(3, 500, (n,)) for n in (6, 4, 9)]
-    row = {"input_ids": torch.cat(seqs[:2]), "loss_mask": torch.ones(10, dtype=torch.bool),
-           "segments": torch.tensor([1] * 6 + [2] * 4)}
+    row = {
+        "input_ids": torch.cat(seqs[:2]),
+        "loss_mask": torch.ones(10, dtype=torch.bool),
+        "segments": torch.tensor([1] * 6 + [2] * 4),
+    }
     single = {"input_ids": seqs[2], "loss_mask": torch.ones(9, dtype=torch.bool)}
     batch = collate([row, single])
     assert batch["position_ids"][0].tolist() == [0, 1, 2, 3, 4, 5, 0, 1, 2, 3]
@@ -49,7 +52,7 @@ def test_packed_rows_attend_within_their_own_sequence(stories):
     for (b, a, n), s in zip([(0, 0, 6), (0, 6, 4), (1, 0, 9)], seqs):
         ref = hf_hidden(stories, s)
         for i in (2, 5):
-            torch.testing.assert_close(hidden[i][b, a: a + n], ref[i], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(hidden[i][b, a : a + n], ref[i], atol=1e-5, rtol=1e-5)
 
 
 def test_hidden_id_out_of_range(tiny):

@@ -43,8 +43,9 @@ def use(entry: Path, target: str = "") -> None:
     os.replace(tmp, entry / STAMP)
     lock = entry / LOCK.format(pid=os.getpid())
     if not lock.exists():
-        lock.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(),
-                                    "argv": sys.argv[:4]}))
+        lock.write_text(
+            json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(), "argv": sys.argv[:4]})
+        )
         atexit.register(lambda: lock.unlink(missing_ok=True))  # a SIGKILL skips this: a stale lock, ignored
 
 
@@ -109,8 +110,13 @@ def describe(kind: str, path: Path) -> tuple[str, str]:
     if kind == "regen":
         m = read_json(path / "_regen.json")
         s = m.get("settings", {})
-        words = [f"{m.get('jobs', '?')} sequences", f"max_new_tokens {s.get('max_new_tokens', '?')}",
-                 f"temperature {s.get('temperature', '?')}", f"top_p {s.get('top_p', '?')}", f"seed {m.get('seed', '?')}"]
+        words = [
+            f"{m.get('jobs', '?')} sequences",
+            f"max_new_tokens {s.get('max_new_tokens', '?')}",
+            f"temperature {s.get('temperature', '?')}",
+            f"top_p {s.get('top_p', '?')}",
+            f"seed {m.get('seed', '?')}",
+        ]
         return "", ", ".join(words) if m else "no manifest (unfinished or foreign)"
     if kind == "features":
         idx = read_json(path / "index.json")
@@ -121,8 +127,10 @@ def describe(kind: str, path: Path) -> tuple[str, str]:
             target = str((yaml.safe_load((path / "recipe.yaml").read_text()) or {}).get("target", ""))
         if not idx:
             return target, "no index (unfinished: rerun the recipe to finish it)"
-        return target, (f"{idx.get('num_sequences')} sequences, {idx.get('tokens')} tokens, hidden ids "
-                        f"{idx.get('hidden_ids')}, {idx.get('dtype')}, topk {idx.get('topk')}")
+        return target, (
+            f"{idx.get('num_sequences')} sequences, {idx.get('tokens')} tokens, hidden ids "
+            f"{idx.get('hidden_ids')}, {idx.get('dtype')}, topk {idx.get('topk')}"
+        )
     files = sorted(p.name for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
     return "", f"ShareGPT: {', '.join(files) or 'empty'}"
 
@@ -139,8 +147,17 @@ def entries(home: Path | None = None) -> list[Entry]:
         stamp = read_json(path / STAMP)
         target, settings = describe(kind, path)
         name = path.name.rsplit("-", 1)[0] if kind in KINDS else ""
-        out.append(Entry(f"{kind}/{path.name}" if kind in KINDS else kind, path, size,
-                         target or stamp.get("target") or name, settings, stamp.get("time", newest), holders(path)))
+        out.append(
+            Entry(
+                f"{kind}/{path.name}" if kind in KINDS else kind,
+                path,
+                size,
+                target or stamp.get("target") or name,
+                settings,
+                stamp.get("time", newest),
+                holders(path),
+            )
+        )
     return out
 
 
@@ -154,7 +171,9 @@ def human_bytes(n: float) -> str:
 
 def age(t: float, now: float) -> str:
     d = max(0.0, now - t)
-    return f"{d / 86400:.1f} days ago" if d >= 86400 else f"{d / 3600:.1f} h ago" if d >= 3600 else f"{d / 60:.0f} min ago"
+    return (
+        f"{d / 86400:.1f} days ago" if d >= 86400 else f"{d / 3600:.1f} h ago" if d >= 3600 else f"{d / 60:.0f} min ago"
+    )
 
 
 # --- removing -----------------------------------------------------------------------------------
@@ -172,8 +191,10 @@ def pick(all_entries: list[Entry], keys: list[str], older_than: float | None, no
         match = [by_key[k]] if k in by_key else [e for e in all_entries if e.key.split("/")[-1] == k]
         if len(match) != 1:
             have = ", ".join(sorted(by_key)) or "nothing"
-            raise ValueError(f"data rm {k}: {'no such entry' if not match else 'ambiguous'} in {data_home()} "
-                             f"(it holds: {have}); see `draftsmith data ls`")
+            raise ValueError(
+                f"data rm {k}: {'no such entry' if not match else 'ambiguous'} in {data_home()} "
+                f"(it holds: {have}); see `draftsmith data ls`"
+            )
         out.append(match[0])
     return out
 
@@ -200,13 +221,17 @@ def main(argv: list[str] | None = None) -> int:
     held = [e for e in chosen if e.held_by]
     if held and args.keys:  # named explicitly: refuse outright, remove nothing
         e = held[0]
-        raise ValueError(f"data rm {e.key}: in use by running process(es) {e.held_by}; wait for them to finish "
-                         "(or stop them), then rerun")
+        raise ValueError(
+            f"data rm {e.key}: in use by running process(es) {e.held_by}; wait for them to finish "
+            "(or stop them), then rerun"
+        )
     for e in held:
         print(f"[data] kept {e.key}: in use by running process(es) {e.held_by}")
     for e in (e for e in chosen if not e.held_by):
-        print(f"[data] {'would remove' if args.dry_run else 'removing'} {e.key} ({human_bytes(e.bytes)}, last used "
-              f"{age(e.last_used, now)})")
+        print(
+            f"[data] {'would remove' if args.dry_run else 'removing'} {e.key} ({human_bytes(e.bytes)}, last used "
+            f"{age(e.last_used, now)})"
+        )
         if not args.dry_run:
             shutil.rmtree(e.path)
     if not chosen:
@@ -217,15 +242,30 @@ def main(argv: list[str] | None = None) -> int:
 def list_entries(found: list[Entry], home: Path, now: float, as_json: bool) -> int:
     if as_json:
         for e in found:
-            print(json.dumps({"key": e.key, "path": str(e.path), "bytes": e.bytes, "target": e.target,
-                              "settings": e.settings, "last_used": e.last_used, "held_by": e.held_by}))
+            print(
+                json.dumps(
+                    {
+                        "key": e.key,
+                        "path": str(e.path),
+                        "bytes": e.bytes,
+                        "target": e.target,
+                        "settings": e.settings,
+                        "last_used": e.last_used,
+                        "held_by": e.held_by,
+                    }
+                )
+            )
         return 0
-    print(f"data home {home}: {len(found)} entr{'y' if len(found) == 1 else 'ies'}, "
-          f"{human_bytes(sum(e.bytes for e in found))}")
+    print(
+        f"data home {home}: {len(found)} entr{'y' if len(found) == 1 else 'ies'}, "
+        f"{human_bytes(sum(e.bytes for e in found))}"
+    )
     for e in found:
         busy = f"  IN USE by pid {', '.join(map(str, e.held_by))}" if e.held_by else ""
-        print(f"{e.key}\n    {human_bytes(e.bytes)}, last used {time.strftime('%Y-%m-%d %H:%M', time.localtime(e.last_used))} "
-              f"({age(e.last_used, now)}){busy}\n    target {e.target or '?'}; {e.settings}")
+        print(
+            f"{e.key}\n    {human_bytes(e.bytes)}, last used {time.strftime('%Y-%m-%d %H:%M', time.localtime(e.last_used))} "
+            f"({age(e.last_used, now)}){busy}\n    target {e.target or '?'}; {e.settings}"
+        )
     return 0
 
 

@@ -17,9 +17,19 @@ from typing import Any
 import torch
 
 # Config keys that change with the saving library or how the model was loaded, not with the model.
-VOLATILE_CONFIG_KEYS = {"transformers_version", "_name_or_path", "torch_dtype", "dtype", "attn_implementation",
-                        "_attn_implementation", "_attn_implementation_autoset", "use_cache", "architectures",
-                        "output_hidden_states", "_commit_hash"}
+VOLATILE_CONFIG_KEYS = {
+    "transformers_version",
+    "_name_or_path",
+    "torch_dtype",
+    "dtype",
+    "attn_implementation",
+    "_attn_implementation",
+    "_attn_implementation_autoset",
+    "use_cache",
+    "architectures",
+    "output_hidden_states",
+    "_commit_hash",
+}
 
 
 def digest(obj: Any) -> str:
@@ -52,16 +62,28 @@ def tokenizer_digest(tok) -> str | None:
     if tok is None:
         return None
     vocab = sorted(tok.get_vocab().items())
-    return digest({"vocab": vocab, "template": getattr(tok, "chat_template", None),
-                   "special": sorted(map(str, tok.all_special_tokens)), "bos": tok.bos_token_id, "eos": tok.eos_token_id,
-                   "prefix": tok("", add_special_tokens=True)["input_ids"]})
+    return digest(
+        {
+            "vocab": vocab,
+            "template": getattr(tok, "chat_template", None),
+            "special": sorted(map(str, tok.all_special_tokens)),
+            "bos": tok.bos_token_id,
+            "eos": tok.eos_token_id,
+            "prefix": tok("", add_special_tokens=True)["input_ids"],
+        }
+    )
 
 
 def target_identity(target) -> dict[str, Any]:
     """What identifies a frozen target for caching: its config, its weights and its tokenizer."""
-    return {"config": config_digest(target.config), "weights": weights_digest(target.model),
-            "tokenizer": tokenizer_digest(target.tokenizer), "dtype": str(target.dtype).removeprefix("torch."),
-            "num_layers": target.num_layers, "hidden_size": target.hidden_size}
+    return {
+        "config": config_digest(target.config),
+        "weights": weights_digest(target.model),
+        "tokenizer": tokenizer_digest(target.tokenizer),
+        "dtype": str(target.dtype).removeprefix("torch."),
+        "num_layers": target.num_layers,
+        "hidden_size": target.hidden_size,
+    }
 
 
 def data_home() -> Path:

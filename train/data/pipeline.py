@@ -40,8 +40,9 @@ class PreparedData:
     stats: TokenStats
 
 
-def prepare_data(recipe: Recipe, target: Target, dist: Dist | None = None,
-                 log: Callable[[str], None] = print) -> PreparedData:
+def prepare_data(
+    recipe: Recipe, target: Target, dist: Dist | None = None, log: Callable[[str], None] = print
+) -> PreparedData:
     """Sources -> (regeneration) -> tokens + loss masks -> seeded train/eval split (same on every rank)."""
     dist = dist or Dist()
     cfg = recipe.data
@@ -49,17 +50,29 @@ def prepare_data(recipe: Recipe, target: Target, dist: Dist | None = None,
     if tok is None:
         raise ValueError(f"{recipe.target}: no tokenizer found next to the model; the data pipeline needs one")
     if not cfg.sources and not cfg.regenerate.enabled:
-        raise ValueError("data.source is empty: give a data file/directory/hub name, or set "
-                         "data.regenerate.enabled=true with data.regenerate.num_samples to sample from the start token")
+        raise ValueError(
+            "data.source is empty: give a data file/directory/hub name, or set "
+            "data.regenerate.enabled=true with data.regenerate.num_samples to sample from the start token"
+        )
     records = _rank0_first(dist, lambda: load_records(cfg))
     if cfg.regenerate.enabled:
-        out = regenerate(target, records if cfg.sources else None, cfg.regenerate, recipe.seed, cfg.chat_template,
-                         cfg.enable_thinking, dist.rank, dist.world, dist.barrier)
+        out = regenerate(
+            target,
+            records if cfg.sources else None,
+            cfg.regenerate,
+            recipe.seed,
+            cfg.chat_template,
+            cfg.enable_thinking,
+            dist.rank,
+            dist.world,
+            dist.barrier,
+        )
         regen_cfg = dataclasses.replace(cfg, source=str(out), format="auto", max_records=0, split="train")
         records = _rank0_first(dist, lambda: load_records(regen_cfg))
     end_ids = end_token_ids(tok, set(target.eos_ids) | set(cfg.regenerate.stop_ids))
-    seqs, stats = tokenize_dataset(records, tok, cfg.max_length, cfg.overflow, end_ids, cfg.chat_template,
-                                   cfg.enable_thinking)
+    seqs, stats = tokenize_dataset(
+        records, tok, cfg.max_length, cfg.overflow, end_ids, cfg.chat_template, cfg.enable_thinking
+    )
     train, held = split_held_out(seqs, cfg.held_out, recipe.seed)
     if dist.rank == 0:
         for note in stats.notes:

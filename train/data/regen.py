@@ -55,8 +55,10 @@ def plan_jobs(records: datasets.Dataset | None, cfg: RegenConfig) -> list[tuple[
     """(record index, sample index) pairs; record -1 = start from the start token alone."""
     if records is None or len(records) == 0:
         if cfg.num_samples < 1:
-            raise ValueError("data.regenerate: no data.source and num_samples is 0: set num_samples (sequences to "
-                             "sample from the start token) or give a prompt file in data.source")
+            raise ValueError(
+                "data.regenerate: no data.source and num_samples is 0: set num_samples (sequences to "
+                "sample from the start token) or give a prompt file in data.source"
+            )
         return [(-1, s) for s in range(cfg.num_samples)]
     if "tokens" in records["kind"]:
         origin = records[records["kind"].index("tokens")]["origin"]
@@ -109,8 +111,10 @@ def choose_engine(setting: str, target: Target) -> tuple[str, Path | None, str]:
             return "hf", None, f"[regen] engine auto: hf — vLLM's CPU build refuses head_dim < {MIN_CPU_HEAD_DIM}"
         return "vllm", py, f"[regen] engine auto: vllm — {where}"
     if not cpu_ok:
-        raise ValueError(f"data.regenerate.engine=vllm: vLLM's CPU build refuses this target's head size (< "
-                         f"{MIN_CPU_HEAD_DIM}); use engine hf or auto")
+        raise ValueError(
+            f"data.regenerate.engine=vllm: vLLM's CPU build refuses this target's head size (< "
+            f"{MIN_CPU_HEAD_DIM}); use engine hf or auto"
+        )
     if py is None:
         try:
             py = ensure_side_venv()
@@ -120,8 +124,9 @@ def choose_engine(setting: str, target: Target) -> tuple[str, Path | None, str]:
     return "vllm", py, f"[regen] engine vllm — {where}"
 
 
-def generate_shard(tok, recs: list[dict | None], stop: list[int], use_template: bool, tpl: dict,
-                   sample_round: SampleRound) -> list[dict]:
+def generate_shard(
+    tok, recs: list[dict | None], stop: list[int], use_template: bool, tpl: dict, sample_round: SampleRound
+) -> list[dict]:
     """Answer every assistant slot of these jobs, turn by turn: round r samples every job's r-th reply at
     once (`sample_round(contexts, r)`), each conditioned on the job's earlier replies."""
     chunks = [reply_chunks(r) for r in recs]
@@ -129,10 +134,14 @@ def generate_shard(tok, recs: list[dict | None], stop: list[int], use_template: 
     ids = [start_prefix(tok) for _ in recs]  # plain rule: the running token sequence
     mask = [[0] * len(x) for x in ids]
     if use_template and any(r is None for r in recs):
-        raise ValueError("a chat-template target cannot start from the start token alone: give prompts in "
-                         "data.source, or set data.chat_template=false")
+        raise ValueError(
+            "a chat-template target cannot start from the start token alone: give prompts in "
+            "data.source, or set data.chat_template=false"
+        )
     if not use_template and not ids[0]:
-        raise ValueError("the tokenizer adds no BOS and has none: regeneration without a chat template needs a start token")
+        raise ValueError(
+            "the tokenizer adds no BOS and has none: regeneration without a chat template needs a start token"
+        )
     for r in range(max(map(len, chunks))):
         todo = [j for j, c in enumerate(chunks) if r < len(c)]  # jobs that get their r-th reply now
         for j in todo:
@@ -142,8 +151,12 @@ def generate_shard(tok, recs: list[dict | None], stop: list[int], use_template: 
                     piece = list(tok(m["content"], add_special_tokens=False)["input_ids"])
                     ids[j] += piece
                     mask[j] += [0] * len(piece)
-        contexts = [list(tok(render(tok, msgs[j], True, tpl), add_special_tokens=False)["input_ids"])
-                    if use_template else ids[j] for j in todo]
+        contexts = [
+            list(tok(render(tok, msgs[j], True, tpl), add_special_tokens=False)["input_ids"])
+            if use_template
+            else ids[j]
+            for j in todo
+        ]
         for j, gen in zip(todo, sample_round(contexts, r)):
             if use_template:
                 body = gen[:-1] if gen and gen[-1] in stop else gen
@@ -157,9 +170,17 @@ def generate_shard(tok, recs: list[dict | None], stop: list[int], use_template: 
     return [{"input_ids": i, "loss_mask": k, "messages": m} for i, k, m in zip(ids, mask, msgs)]
 
 
-def regenerate(target: Target, records: datasets.Dataset | None, cfg: RegenConfig, seed: int,
-               use_template: bool, enable_thinking: bool | None, rank: int = 0, world: int = 1,
-               barrier=lambda: None) -> Path:
+def regenerate(
+    target: Target,
+    records: datasets.Dataset | None,
+    cfg: RegenConfig,
+    seed: int,
+    use_template: bool,
+    enable_thinking: bool | None,
+    rank: int = 0,
+    world: int = 1,
+    barrier=lambda: None,
+) -> Path:
     """Write (or finish) the jsonl shards in cfg.out_dir; returns that directory (a data source).
 
     With no out_dir the directory is DATA_HOME/regen/<target>-<digest of the manifest> (train/data/identity.py):
@@ -178,21 +199,44 @@ def regenerate(target: Target, records: datasets.Dataset | None, cfg: RegenConfi
     # 1. the manifest: refuse a directory made from anything else (the engine it resolved to included:
     # the two engines draw different samples).
     settings = {k: v for k, v in vars(cfg).items() if k not in ("out_dir", "batch_size", "engine")}
-    manifest = {"target": target_identity(target), "settings": settings, "seed": seed, "stop_ids": stop, "engine": engine,
-                "use_template": use_template, "enable_thinking": enable_thinking, "jobs": len(jobs),
-                "records": digest(records.to_list()) if records is not None else None}
+    manifest = {
+        "target": target_identity(target),
+        "settings": settings,
+        "seed": seed,
+        "stop_ids": stop,
+        "engine": engine,
+        "use_template": use_template,
+        "enable_thinking": enable_thinking,
+        "jobs": len(jobs),
+        "records": digest(records.to_list()) if records is not None else None,
+    }
     out = Path(cfg.out_dir) if cfg.out_dir else keyed_dir("regen", target, manifest)
-    shards = [(s, jobs[a: a + cfg.shard_size]) for s, a in enumerate(range(0, len(jobs), cfg.shard_size))]
+    shards = [(s, jobs[a : a + cfg.shard_size]) for s, a in enumerate(range(0, len(jobs), cfg.shard_size))]
     if rank == 0:
         print(why, flush=True)
         check_manifest(out, manifest)
         use(out, str(target.name_or_path))  # `draftsmith data ls` shows the last use; `data rm` spares it meanwhile
         done = sum(shard_path(out, s).exists() for s, _ in shards)
-        print(f"[regen] {out}: " + (f"reusing all {done} shards ({len(jobs)} sequences)" if done == len(shards) else
-                                     f"{done}/{len(shards)} shards done, sampling the rest"), flush=True)
-        if done < len(shards) and cfg.engine == "auto" and not cfg.out_dir and (prior := other_engine_dir(target, manifest)):
-            print(f"[regen] note: {prior} holds these answers sampled by {other_engine(manifest)} (what engine auto chose "
-                  f"before); data.regenerate.engine={other_engine(manifest)} reuses it instead of sampling anew", flush=True)
+        print(
+            f"[regen] {out}: "
+            + (
+                f"reusing all {done} shards ({len(jobs)} sequences)"
+                if done == len(shards)
+                else f"{done}/{len(shards)} shards done, sampling the rest"
+            ),
+            flush=True,
+        )
+        if (
+            done < len(shards)
+            and cfg.engine == "auto"
+            and not cfg.out_dir
+            and (prior := other_engine_dir(target, manifest))
+        ):
+            print(
+                f"[regen] note: {prior} holds these answers sampled by {other_engine(manifest)} (what engine auto chose "
+                f"before); data.regenerate.engine={other_engine(manifest)} reuses it instead of sampling anew",
+                flush=True,
+            )
     barrier()
     # 2. this rank's shards, skipping finished ones.
     mine = [(s, js) for s, js in shards if s % world == rank and not shard_path(out, s).exists()]
@@ -205,8 +249,7 @@ def regenerate(target: Target, records: datasets.Dataset | None, cfg: RegenConfi
         bar.update(n)
         bar.set_postfix(tok_s=f"{made[0] / (time.perf_counter() - t0):.0f}")
 
-    with tqdm(total=replies, desc=f"regenerating [rank {rank}]", unit="reply",
-              disable=rank != 0 or not mine) as bar:
+    with tqdm(total=replies, desc=f"regenerating [rank {rank}]", unit="reply", disable=rank != 0 or not mine) as bar:
         for s, js in mine:
             recs = [records[i] if i >= 0 else None for i, _ in js]
             if engine == "vllm":  # seeded by LLM(seed=...) per shard and round
@@ -215,8 +258,9 @@ def regenerate(target: Target, records: datasets.Dataset | None, cfg: RegenConfi
             else:
                 with torch.random.fork_rng(devices=[]):
                     torch.manual_seed(seed * 1_000_003 + s)
-                    rows = generate_shard(target.tokenizer, recs, stop, use_template, tpl,
-                                          hf_rounds(target, cfg, stop, on_batch))
+                    rows = generate_shard(
+                        target.tokenizer, recs, stop, use_template, tpl, hf_rounds(target, cfg, stop, on_batch)
+                    )
             write_jsonl(shard_path(out, s), rows)
     barrier()
     return out
@@ -251,12 +295,17 @@ def check_manifest(out: Path, manifest: dict) -> None:
             diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
             if "settings" in diff:  # name the setting, not just the section
                 o, n = old.get("settings", {}), new["settings"]
-                changed = [f"{k}: {o.get(k)!r} there vs {n.get(k)!r} now" for k in sorted(set(o) | set(n))
-                           if o.get(k) != n.get(k)]
+                changed = [
+                    f"{k}: {o.get(k)!r} there vs {n.get(k)!r} now"
+                    for k in sorted(set(o) | set(n))
+                    if o.get(k) != n.get(k)
+                ]
                 diff[diff.index("settings")] = f"settings ({', '.join(changed)})"
-            raise ValueError(f"{out} holds regenerated data made with different {', '.join(diff)}; delete the "
-                             "directory to regenerate, or set data.regenerate.out_dir to a new one (or leave it "
-                             "unset: the default directory is keyed by target and settings)")
+            raise ValueError(
+                f"{out} holds regenerated data made with different {', '.join(diff)}; delete the "
+                "directory to regenerate, or set data.regenerate.out_dir to a new one (or leave it "
+                "unset: the default directory is keyed by target and settings)"
+            )
         return
     if out.exists() and any(out.glob("shard_*.jsonl")):
         raise ValueError(f"{out} has shards but no {MANIFEST}: delete it or choose another data.regenerate.out_dir")
@@ -270,8 +319,11 @@ def drop_strays(out: Path, what: str) -> None:
     for p in strays:
         p.unlink()
     if strays:
-        print(f"[{what}] removed {len(strays)} unfinished file(s) left by an interrupted run in {out}: "
-              + ", ".join(p.name for p in strays), flush=True)
+        print(
+            f"[{what}] removed {len(strays)} unfinished file(s) left by an interrupted run in {out}: "
+            + ", ".join(p.name for p in strays),
+            flush=True,
+        )
 
 
 def write_text_atomically(path: Path, text: str) -> None:

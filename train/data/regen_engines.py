@@ -40,23 +40,34 @@ def cut_at_stop(row: list[int], stop: list[int] | set[int]) -> list[int]:
 
 
 @torch.no_grad()
-def sample(target: Target, contexts: list[list[int]], cfg: RegenConfig, stop: list[int], pad_id: int) -> list[list[int]]:
+def sample(
+    target: Target, contexts: list[list[int]], cfg: RegenConfig, stop: list[int], pad_id: int
+) -> list[list[int]]:
     """Left-padded batched sampling with HF generate; each result is cut after its first stop token."""
     width = max(map(len, contexts))
     ids = torch.full((len(contexts), width), pad_id, dtype=torch.long)
     att = torch.zeros_like(ids)
     for b, c in enumerate(contexts):
-        ids[b, width - len(c):] = torch.tensor(c)
-        att[b, width - len(c):] = 1
+        ids[b, width - len(c) :] = torch.tensor(c)
+        att[b, width - len(c) :] = 1
     room = target.max_positions - width
     if room < 1:
-        raise ValueError(f"a regeneration context of {width} tokens leaves no room under the target's "
-                         f"{target.max_positions} positions; lower data.max_length or shorten the prompts")
+        raise ValueError(
+            f"a regeneration context of {width} tokens leaves no room under the target's "
+            f"{target.max_positions} positions; lower data.max_length or shorten the prompts"
+        )
     greedy = cfg.temperature == 0
     knobs = {} if greedy else {"temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": cfg.top_k}
-    out = target.model.generate(ids.to(target.device), attention_mask=att.to(target.device), do_sample=not greedy,
-                                max_new_tokens=min(cfg.max_new_tokens, room), eos_token_id=stop,
-                                pad_token_id=pad_id, max_length=None, **knobs)
+    out = target.model.generate(
+        ids.to(target.device),
+        attention_mask=att.to(target.device),
+        do_sample=not greedy,
+        max_new_tokens=min(cfg.max_new_tokens, room),
+        eos_token_id=stop,
+        pad_token_id=pad_id,
+        max_length=None,
+        **knobs,
+    )
     return [cut_at_stop(row, stop) for row in out[:, width:].tolist()]
 
 
@@ -104,21 +115,32 @@ def vllm_job(target: Target, contexts: list[list[int]], cfg: RegenConfig, stop: 
     """The job file of train/data/vllm_regen_worker.py: these contexts under the hf path's settings, one seed."""
     room = [min(cfg.max_new_tokens, target.max_positions - len(c)) for c in contexts]
     if min(room) < 1:
-        raise ValueError(f"a regeneration context of {max(map(len, contexts))} tokens leaves no room under the "
-                         f"target's {target.max_positions} positions; lower data.max_length or shorten the prompts")
+        raise ValueError(
+            f"a regeneration context of {max(map(len, contexts))} tokens leaves no room under the "
+            f"target's {target.max_positions} positions; lower data.max_length or shorten the prompts"
+        )
     model = Path(target.name_or_path)
-    return {"target": str(model.resolve()) if model.exists() else str(model),
-            "dtype": {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(target.dtype, "float32"),
-            "seed": seed, "prompts": contexts, "max_tokens": room,
-            "max_model_len": min(target.max_positions, max(len(c) + n for c, n in zip(contexts, room))),
-            "temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": cfg.top_k, "stop_token_ids": stop}
+    return {
+        "target": str(model.resolve()) if model.exists() else str(model),
+        "dtype": {torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(target.dtype, "float32"),
+        "seed": seed,
+        "prompts": contexts,
+        "max_tokens": room,
+        "max_model_len": min(target.max_positions, max(len(c) + n for c, n in zip(contexts, room))),
+        "temperature": cfg.temperature,
+        "top_p": cfg.top_p,
+        "top_k": cfg.top_k,
+        "stop_token_ids": stop,
+    }
 
 
 def vllm_replies(result: dict, stop: list[int]) -> list[list[int]]:
     """The worker's outputs as replies: each ends with the stop token that ended it (as on the hf path),
     whether vLLM kept that token in its output or not."""
-    return [cut_at_stop(ids + ([why] if why in stop and (not ids or ids[-1] != why) else []), stop)
-            for ids, why in zip(result["outputs"], result["stop_reasons"])]
+    return [
+        cut_at_stop(ids + ([why] if why in stop and (not ids or ids[-1] != why) else []), stop)
+        for ids, why in zip(result["outputs"], result["stop_reasons"])
+    ]
 
 
 def worker_env() -> dict[str, str]:
@@ -127,8 +149,16 @@ def worker_env() -> dict[str, str]:
     return {"OMP_NUM_THREADS": str(torch.get_num_threads()), "VLLM_CPU_KVCACHE_SPACE": "2"}
 
 
-def vllm_rounds(target: Target, py: Path, cfg: RegenConfig, stop: list[int], seed: int, shard: int, work: Path,
-                on_batch: Callable[[int, int], None]) -> SampleRound:
+def vllm_rounds(
+    target: Target,
+    py: Path,
+    cfg: RegenConfig,
+    stop: list[int],
+    seed: int,
+    shard: int,
+    work: Path,
+    on_batch: Callable[[int, int], None],
+) -> SampleRound:
     """vLLM in its own python (drafters/serving/vllm_env.py): a round's contexts all go in one job, ids in and out."""
 
     def run(contexts: list[list[int]], round_: int) -> list[list[int]]:

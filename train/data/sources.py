@@ -26,19 +26,36 @@ from typing import Any, Literal
 import datasets
 
 FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv", ".txt": "text"}
-SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
-                  "bing": "assistant", "bard": "assistant", "model": "assistant", "system": "system"}
+SHAREGPT_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "chatgpt": "assistant",
+    "bing": "assistant",
+    "bard": "assistant",
+    "model": "assistant",
+    "system": "system",
+}
 # Auto-detection: the first format whose key column is present wins.
-FORMAT_KEYS = {"tokens": "input_ids", "chat": "messages", "sharegpt": "conversations", "questions": "turns",
-               "prompt_response": "prompt", "text": "text"}
-CANONICAL = datasets.Features({
-    "kind": datasets.Value("string"),  # "chat" | "text" | "tokens"
-    "messages": [{"role": datasets.Value("string"), "content": datasets.Value("string")}],
-    "text": datasets.Value("string"),
-    "input_ids": datasets.Sequence(datasets.Value("int64")),
-    "loss_mask": datasets.Sequence(datasets.Value("int8")),
-    "origin": datasets.Value("string"),  # "file:row" for error messages
-})
+FORMAT_KEYS = {
+    "tokens": "input_ids",
+    "chat": "messages",
+    "sharegpt": "conversations",
+    "questions": "turns",
+    "prompt_response": "prompt",
+    "text": "text",
+}
+CANONICAL = datasets.Features(
+    {
+        "kind": datasets.Value("string"),  # "chat" | "text" | "tokens"
+        "messages": [{"role": datasets.Value("string"), "content": datasets.Value("string")}],
+        "text": datasets.Value("string"),
+        "input_ids": datasets.Sequence(datasets.Value("int64")),
+        "loss_mask": datasets.Sequence(datasets.Value("int8")),
+        "origin": datasets.Value("string"),  # "file:row" for error messages
+    }
+)
 
 
 @dataclass
@@ -61,7 +78,10 @@ class RegenConfig:
     def __post_init__(self) -> None:
         if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
             raise ValueError("regenerate needs temperature >= 0, 0 < top_p <= 1, top_k >= 0")
-        if min(self.max_new_tokens, self.batch_size, self.shard_size, self.samples_per_prompt) < 1 or self.num_samples < 0:
+        if (
+            min(self.max_new_tokens, self.batch_size, self.shard_size, self.samples_per_prompt) < 1
+            or self.num_samples < 0
+        ):
             raise ValueError("regenerate.max_new_tokens, batch_size, shard_size, samples_per_prompt must be >= 1")
 
 
@@ -71,7 +91,9 @@ class DataConfig:
 
     source: str | list[str] = ""  # file(s), directories or hub names; "" = none (regenerate from the start token)
     split: str = "train"  # split read from a save_to_disk DatasetDict or a hub dataset
-    format: Literal["auto", "chat", "sharegpt", "questions", "prompt_response", "text", "tokens"] = "auto"  # record format
+    format: Literal["auto", "chat", "sharegpt", "questions", "prompt_response", "text", "tokens"] = (
+        "auto"  # record format
+    )
     max_records: int = 0  # keep only the first N records of the sources (0 = all)
     max_length: int = 2048  # tokens per sequence
     overflow: Literal["truncate", "drop"] = "truncate"  # what to do with longer sequences
@@ -103,8 +125,9 @@ class RecordError(ValueError):
 def load_source(source: str, split: str = "train") -> datasets.Dataset:
     """One source as a `datasets.Dataset` (files and save_to_disk dirs locally; anything else from the hub)."""
     p = Path(source)
-    if p.is_dir() and ((p / "dataset_info.json").exists() or (p / "dataset_dict.json").exists()
-                       or (p / "state.json").exists()):
+    if p.is_dir() and (
+        (p / "dataset_info.json").exists() or (p / "dataset_dict.json").exists() or (p / "state.json").exists()
+    ):
         ds = datasets.load_from_disk(str(p))
         if isinstance(ds, datasets.DatasetDict):
             if split not in ds:
@@ -114,7 +137,9 @@ def load_source(source: str, split: str = "train") -> datasets.Dataset:
     if p.is_dir():
         files = sorted(f for f in p.iterdir() if f.suffix in FILE_BUILDERS and not f.name.startswith((".", "_")))
         if not files:
-            raise ValueError(f"{p}: a directory with no data files ({', '.join(FILE_BUILDERS)}) and not a save_to_disk dir")
+            raise ValueError(
+                f"{p}: a directory with no data files ({', '.join(FILE_BUILDERS)}) and not a save_to_disk dir"
+            )
         kinds = {FILE_BUILDERS[f.suffix] for f in files}
         if len(kinds) > 1:
             raise ValueError(f"{p}: mixes file types {sorted(kinds)}; list the files separately in data.source")
@@ -127,17 +152,22 @@ def load_source(source: str, split: str = "train") -> datasets.Dataset:
         try:
             return datasets.load_dataset(FILE_BUILDERS[p.suffix], data_files=str(p), split="train")
         except Exception as e:  # noqa: BLE001 - datasets wraps a parse error in DatasetGenerationError
-            raise ValueError(f"{unreadable_line(p) or p}: cannot read this {p.suffix} file ({type(e).__name__}); "
-                             "fix or remove the record") from None
+            raise ValueError(
+                f"{unreadable_line(p) or p}: cannot read this {p.suffix} file ({type(e).__name__}); "
+                "fix or remove the record"
+            ) from None
     if source.startswith((".", "/", "~")) or p.suffix in FILE_BUILDERS or source.count("/") > 1:
         raise FileNotFoundError(f"data source not found: {source}")
     try:  # a hub dataset name
         return datasets.load_dataset(source, split=split)
     except Exception as e:  # noqa: BLE001 - datasets raises many kinds here; all mean "not available"
         offline = os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1"
-        how = ("offline: download it on a connected machine (datasets.load_dataset(...).to_json('x.jsonl') or "
-               "save_to_disk) and pass the local file or directory in data.source" if offline else
-               "pass a local jsonl/json/parquet/csv/txt file or a save_to_disk directory in data.source")
+        how = (
+            "offline: download it on a connected machine (datasets.load_dataset(...).to_json('x.jsonl') or "
+            "save_to_disk) and pass the local file or directory in data.source"
+            if offline
+            else "pass a local jsonl/json/parquet/csv/txt file or a save_to_disk directory in data.source"
+        )
         raise FileNotFoundError(f"cannot load hub dataset {source!r} ({type(e).__name__}); {how}") from e
 
 
@@ -159,8 +189,11 @@ def detect_format(columns: list[str], source: str) -> str:
     for fmt, key in FORMAT_KEYS.items():
         if key in columns:
             return fmt
-    raise ValueError(f"{source}: cannot tell the record format from columns {columns}; expected one of "
-                     + ", ".join(f"{k} ({f})" for f, k in FORMAT_KEYS.items()) + " — or set data.format")
+    raise ValueError(
+        f"{source}: cannot tell the record format from columns {columns}; expected one of "
+        + ", ".join(f"{k} ({f})" for f, k in FORMAT_KEYS.items())
+        + " — or set data.format"
+    )
 
 
 # --- 2. normalise -------------------------------------------------------------------------------
@@ -171,7 +204,9 @@ def _field(rec: dict, name: str, where: str, types: type | tuple = str) -> Any:
     if v is None:
         raise RecordError(f"{where}: missing field '{name}'")
     if not isinstance(v, types):
-        raise RecordError(f"{where}: field '{name}' should be {getattr(types, '__name__', types)}, got {type(v).__name__}")
+        raise RecordError(
+            f"{where}: field '{name}' should be {getattr(types, '__name__', types)}, got {type(v).__name__}"
+        )
     return v
 
 
@@ -222,13 +257,19 @@ def load_records(cfg: DataConfig) -> datasets.Dataset:
         raw = load_source(src, cfg.split)
         fmt = cfg.format if cfg.format != "auto" else detect_format(raw.column_names, src)
         name = Path(src).name if Path(src).exists() else src
-        parts.append(raw.map(lambda r, i, fmt=fmt, name=name: normalise(r, fmt, f"{name} row {i}"), with_indices=True,
-                             remove_columns=raw.column_names, features=CANONICAL, keep_in_memory=True,
-                             desc=f"reading {name}"))
+        parts.append(
+            raw.map(
+                lambda r, i, fmt=fmt, name=name: normalise(r, fmt, f"{name} row {i}"),
+                with_indices=True,
+                remove_columns=raw.column_names,
+                features=CANONICAL,
+                keep_in_memory=True,
+                desc=f"reading {name}",
+            )
+        )
     if not parts:
         return datasets.Dataset.from_dict({k: [] for k in CANONICAL}, features=CANONICAL)
     ds = datasets.concatenate_datasets(parts)
     if cfg.max_records:
         ds = ds.select(range(min(cfg.max_records, len(ds))))
     return ds
-

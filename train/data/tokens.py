@@ -34,8 +34,9 @@ from dataclasses import dataclass, field
 
 import datasets
 
-SEQ_FEATURES = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int32")),
-                                  "loss_mask": datasets.Sequence(datasets.Value("bool"))})
+SEQ_FEATURES = datasets.Features(
+    {"input_ids": datasets.Sequence(datasets.Value("int32")), "loss_mask": datasets.Sequence(datasets.Value("bool"))}
+)
 
 
 @dataclass
@@ -52,9 +53,11 @@ class TokenStats:
     notes: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
-        return (f"{self.records} records -> {self.sequences} sequences, {self.tokens} tokens "
-                f"({self.loss_tokens} trained); truncated {self.truncated}, dropped {self.dropped_long} too long "
-                f"and {self.dropped_no_loss} with no trained token")
+        return (
+            f"{self.records} records -> {self.sequences} sequences, {self.tokens} tokens "
+            f"({self.loss_tokens} trained); truncated {self.truncated}, dropped {self.dropped_long} too long "
+            f"and {self.dropped_no_loss} with no trained token"
+        )
 
 
 def has_template(tok) -> bool:
@@ -133,8 +136,10 @@ def tokenize_record(rec: dict, tok, end_ids: set[int], use_template: bool, tpl: 
         body = list(tok(rec["text"], add_special_tokens=False)["input_ids"])
         ids, mask = prefix + body, [False] * len(prefix) + [True] * len(body)
     elif not any(m["role"] == "assistant" for m in rec["messages"]):
-        raise ValueError(f"{rec['origin']}: a conversation with no assistant turn (questions or bare prompts); "
-                         "set data.regenerate.enabled=true to have the target answer them")
+        raise ValueError(
+            f"{rec['origin']}: a conversation with no assistant turn (questions or bare prompts); "
+            "set data.regenerate.enabled=true to have the target answer them"
+        )
     elif use_template:
         ids, mask = tokenize_chat(tok, rec["messages"], end_ids, tpl)
     else:
@@ -144,8 +149,15 @@ def tokenize_record(rec: dict, tok, end_ids: set[int], use_template: bool, tpl: 
     return ids, mask
 
 
-def tokenize_dataset(records: datasets.Dataset, tok, max_length: int, overflow: str, end_ids: set[int],
-                     use_template: bool, enable_thinking: bool | None) -> tuple[datasets.Dataset, TokenStats]:
+def tokenize_dataset(
+    records: datasets.Dataset,
+    tok,
+    max_length: int,
+    overflow: str,
+    end_ids: set[int],
+    use_template: bool,
+    enable_thinking: bool | None,
+) -> tuple[datasets.Dataset, TokenStats]:
     """Canonical records -> {"input_ids", "loss_mask"} rows, with truncation/dropping counted."""
     stats = TokenStats(records=len(records))
     tpl = template_kwargs(enable_thinking)
@@ -173,8 +185,10 @@ def tokenize_dataset(records: datasets.Dataset, tok, max_length: int, overflow: 
     keep = [i for i, s in enumerate(status) if s in ("ok", "truncated")]
     out = out.select(keep, keep_in_memory=True).remove_columns("status")
     if len(out) == 0:
-        raise ValueError(f"no training sequences left: {stats.summary()}; raise data.max_length, use "
-                         "data.overflow=truncate, or check that the records have assistant/text content")
+        raise ValueError(
+            f"no training sequences left: {stats.summary()}; raise data.max_length, use "
+            "data.overflow=truncate, or check that the records have assistant/text content"
+        )
     stats.sequences = len(out)
     stats.tokens = sum(len(x) for x in out["input_ids"])
     stats.loss_tokens = sum(sum(x) for x in out["loss_mask"])

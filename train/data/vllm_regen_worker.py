@@ -28,11 +28,7 @@ def sampling_params(job: dict, max_tokens: int):
     if job["top_k"] > 0:
         knobs["top_k"] = job["top_k"]
     return SamplingParams(
-        max_tokens=max_tokens,
-        stop_token_ids=job["stop_token_ids"],
-        ignore_eos=True,
-        detokenize=False,
-        **knobs,
+        max_tokens=max_tokens, stop_token_ids=job["stop_token_ids"], ignore_eos=True, detokenize=False, **knobs
     )
 
 

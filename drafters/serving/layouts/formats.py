@@ -43,13 +43,22 @@ def check_fits(fmt: str, kind: str) -> None:
         raise ValueError(f"unknown export format {fmt!r}; one of {sorted(FORMATS)}")
     if kind not in FORMATS[fmt]:
         fits = sorted(f for f, kinds in FORMATS.items() if kind in kinds)
-        raise ValueError(f"format {fmt!r} does not fit a {kind} drafter (it is for {'/'.join(FORMATS[fmt])} "
-                         f"drafters); a {kind} drafter exports as: {', '.join(fits)}")
+        raise ValueError(
+            f"format {fmt!r} does not fit a {kind} drafter (it is for {'/'.join(FORMATS[fmt])} "
+            f"drafters); a {kind} drafter exports as: {', '.join(fits)}"
+        )
 
 
-def plan(fmt: str, meta: dict, native_keys: list[str], t: TargetFacts, speculative_tokens: int = 0,
-         shared_head_once: bool = False, engine: str = "sglang",
-         with_embeddings: bool = False) -> tuple[dict, dict[str, str]]:
+def plan(
+    fmt: str,
+    meta: dict,
+    native_keys: list[str],
+    t: TargetFacts,
+    speculative_tokens: int = 0,
+    shared_head_once: bool = False,
+    engine: str = "sglang",
+    with_embeddings: bool = False,
+) -> tuple[dict, dict[str, str]]:
     """config.json and {exported key: native key, TARGET_HEAD or TARGET_EMBED} of a native drafter (meta = its
     config.json). The config lists capture ids ascending: the exporter permutes fc by `fc_column_order`.
 
@@ -73,10 +82,13 @@ def plan(fmt: str, meta: dict, native_keys: list[str], t: TargetFacts, speculati
     return medusa_vllm.plan(meta, native_keys, t, provenance, shared_head_once)
 
 
-def planned_shapes(sources: dict[str, str], native: dict[str, tuple[int, ...]], t: TargetFacts) -> dict[str, tuple[int, ...]]:
+def planned_shapes(
+    sources: dict[str, str], native: dict[str, tuple[int, ...]], t: TargetFacts
+) -> dict[str, tuple[int, ...]]:
     """Shapes of a planned export: each key's native source, or the target's LM head / embedding [V, H]."""
-    return {k: (t.vocab, t.hidden) if s in (TARGET_HEAD, TARGET_EMBED) else tuple(native[s])
-            for k, s in sources.items()}
+    return {
+        k: (t.vocab, t.hidden) if s in (TARGET_HEAD, TARGET_EMBED) else tuple(native[s]) for k, s in sources.items()
+    }
 
 
 def expected_shapes(fmt: str, cfg: dict) -> dict[str, tuple[int, ...]]:
@@ -86,8 +98,9 @@ def expected_shapes(fmt: str, cfg: dict) -> dict[str, tuple[int, ...]]:
     return LAYOUTS[fmt].expected_shapes(cfg)
 
 
-def problems(fmt: str, cfg: dict, shapes: dict[str, tuple[int, ...]], t: TargetFacts,
-             optional: frozenset[str] = frozenset()) -> list[Problem]:
+def problems(
+    fmt: str, cfg: dict, shapes: dict[str, tuple[int, ...]], t: TargetFacts, optional: frozenset[str] = frozenset()
+) -> list[Problem]:
     """Every problem of an engine-layout drafter (config + key shapes) on target t."""
     found = LAYOUTS[fmt].problems(cfg, t)
     if fmt in LAYER_PREFIX:
@@ -96,12 +109,15 @@ def problems(fmt: str, cfg: dict, shapes: dict[str, tuple[int, ...]], t: TargetF
     return found + key_problems(shapes, expected_shapes(fmt, cfg), "model.safetensors", optional)
 
 
-def check_export(fmt: str, cfg: dict, shapes: dict[str, tuple[int, ...]], t: TargetFacts,
-                 optional: frozenset[str] = frozenset()) -> None:
+def check_export(
+    fmt: str, cfg: dict, shapes: dict[str, tuple[int, ...]], t: TargetFacts, optional: frozenset[str] = frozenset()
+) -> None:
     """The exporter's gate: required fields present, exact key set and shapes, no mismatch with the target
     (`optional`: keys allowed besides the engine's, e.g. the embedding --with-embeddings adds)."""
-    found = [Problem(f"config.json lacks {f}", "exporter bug: the engine needs this field")
-             for f in missing_required(LAYOUTS[fmt].REQUIRED, cfg)]
+    found = [
+        Problem(f"config.json lacks {f}", "exporter bug: the engine needs this field")
+        for f in missing_required(LAYOUTS[fmt].REQUIRED, cfg)
+    ]
     found += problems(fmt, cfg, shapes, t, optional)
     if found:
         raise ValueError(f"refusing to write a {fmt} export:\n  " + "\n  ".join(map(str, found)))

@@ -13,16 +13,25 @@ from drafters.serving.layouts.rules import TARGET_HEAD, Problem, TargetFacts
 ARCH = "MedusaModel"
 KINDS = ("medusa",)  # the drafter kinds this layout holds
 # Config fields the exporter must write; vLLM reads these to build the model.
-REQUIRED = ("architectures", "model_type", "hidden_size", "vocab_size", "num_heads", "num_hidden_layers",
-            "medusa_fc_bias", "truncated_vocab_size")
+REQUIRED = (
+    "architectures",
+    "model_type",
+    "hidden_size",
+    "vocab_size",
+    "num_heads",
+    "num_hidden_layers",
+    "medusa_fc_bias",
+    "truncated_vocab_size",
+)
 
 
 def detects(cfg: dict) -> bool:
     return cfg.get("model_type") == "medusa" or ARCH in (cfg.get("architectures") or [])
 
 
-def plan(meta: dict, native_keys: list[str], t: TargetFacts, provenance: dict,
-         shared_head_once: bool) -> tuple[dict, dict[str, str]]:
+def plan(
+    meta: dict, native_keys: list[str], t: TargetFacts, provenance: dict, shared_head_once: bool
+) -> tuple[dict, dict[str, str]]:
     """config.json and {exported key: native key or TARGET_HEAD} of a native Medusa drafter; shared_head_once:
     with the target's head, write it once with vLLM's `original_lm_head` instead of one copy per head."""
     c = meta["config"]
@@ -31,12 +40,24 @@ def plan(meta: dict, native_keys: list[str], t: TargetFacts, provenance: dict,
     once = shared_head_once and not per_head
     if not per_head:  # the target's frozen head: copies (or one, with original_lm_head)
         sources.update({f"lm_heads.{k}.weight": TARGET_HEAD for k in range(1 if once else heads)})
-        provenance["note"] = ("lm_heads.0.weight is the target's LM head; original_lm_head shares it across heads"
-                              if once else "every lm_heads.{k}.weight is a copy of the target's LM head")
-    config = {"architectures": [ARCH], "model_type": "medusa", "hidden_size": t.hidden,
-              "vocab_size": t.vocab, "num_heads": heads, "num_hidden_layers": c.get("num_layers", 1),
-              "medusa_fc_bias": True, "truncated_vocab_size": t.vocab, "max_paths": 64, "topk": 10,
-              "draftsmith": provenance}
+        provenance["note"] = (
+            "lm_heads.0.weight is the target's LM head; original_lm_head shares it across heads"
+            if once
+            else "every lm_heads.{k}.weight is a copy of the target's LM head"
+        )
+    config = {
+        "architectures": [ARCH],
+        "model_type": "medusa",
+        "hidden_size": t.hidden,
+        "vocab_size": t.vocab,
+        "num_heads": heads,
+        "num_hidden_layers": c.get("num_layers", 1),
+        "medusa_fc_bias": True,
+        "truncated_vocab_size": t.vocab,
+        "max_paths": 64,
+        "topk": 10,
+        "draftsmith": provenance,
+    }
     if once:
         config["original_lm_head"] = True
     return config, sources
@@ -62,12 +83,24 @@ def problems(cfg: dict, t: TargetFacts) -> list[Problem]:
     if not (isinstance(cfg.get("num_heads"), int) and cfg["num_heads"] >= 1):
         out.append(Problem(f"num_heads is {cfg.get('num_heads')}", "set num_heads to the number of Medusa heads"))
     if cfg.get("hidden_size") != t.hidden:
-        out.append(Problem(f"hidden_size is {cfg.get('hidden_size')}, the target's is {t.hidden}",
-                           "these heads read another model's hidden states: use the target they were trained for"))
+        out.append(
+            Problem(
+                f"hidden_size is {cfg.get('hidden_size')}, the target's is {t.hidden}",
+                "these heads read another model's hidden states: use the target they were trained for",
+            )
+        )
     if cfg.get("vocab_size") != t.vocab:
-        out.append(Problem(f"vocab_size is {cfg.get('vocab_size')}, the target's is {t.vocab}",
-                           "use the target (and tokenizer) the heads were trained for"))
+        out.append(
+            Problem(
+                f"vocab_size is {cfg.get('vocab_size')}, the target's is {t.vocab}",
+                "use the target (and tokenizer) the heads were trained for",
+            )
+        )
     if cfg.get("truncated_vocab_size", t.vocab) != cfg.get("vocab_size"):
-        out.append(Problem("truncated_vocab_size differs from vocab_size",
-                           "draftsmith writes full-vocabulary Medusa heads (no token_map)"))
+        out.append(
+            Problem(
+                "truncated_vocab_size differs from vocab_size",
+                "draftsmith writes full-vocabulary Medusa heads (no token_map)",
+            )
+        )
     return out

@@ -29,8 +29,10 @@ TARGET_EMBED = "<target embed_tokens>"  # source of embed_tokens.weight copied f
 ENGINES = ("sglang", "vllm")  # who reads an `eagle3` directory's explicit capture ids
 DRAFT_VOCAB_KEYS = ("d2t", "t2d")
 SHARED_EMBEDDING = "embed_tokens.weight"  # some published EAGLE-3 dirs carry a copy; engines use the target's
-EMBEDDING_NOTE = ("speculators 0.9.0 leaves embed_tokens uninitialised in about half of the loads of a directory "
-                  "without embed_tokens.weight (vLLM shares the target's either way)")
+EMBEDDING_NOTE = (
+    "speculators 0.9.0 leaves embed_tokens uninitialised in about half of the loads of a directory "
+    "without embed_tokens.weight (vLLM shares the target's either way)"
+)
 
 
 @dataclass(frozen=True)
@@ -60,12 +62,21 @@ class TargetFacts:
         theta, scaling = rope_settings(cfg)
         return TargetFacts(
             name_or_path=name_or_path or cfg.get("_name_or_path") or None,
-            architectures=tuple(cfg.get("architectures") or ()), hidden=cfg["hidden_size"],
-            layers=cfg["num_hidden_layers"], heads=heads, kv_heads=cfg.get("num_key_value_heads") or heads,
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads, intermediate=cfg["intermediate_size"],
-            vocab=cfg["vocab_size"], max_positions=cfg.get("max_position_embeddings", 0), rope_theta=theta,
-            rope_scaling=scaling, eps=float(cfg.get("rms_norm_eps", 1e-6)), bos=cfg.get("bos_token_id"),
-            eos=cfg.get("eos_token_id"))
+            architectures=tuple(cfg.get("architectures") or ()),
+            hidden=cfg["hidden_size"],
+            layers=cfg["num_hidden_layers"],
+            heads=heads,
+            kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            intermediate=cfg["intermediate_size"],
+            vocab=cfg["vocab_size"],
+            max_positions=cfg.get("max_position_embeddings", 0),
+            rope_theta=theta,
+            rope_scaling=scaling,
+            eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            bos=cfg.get("bos_token_id"),
+            eos=cfg.get("eos_token_id"),
+        )
 
 
 def rope_settings(cfg: dict) -> tuple[float, dict | None]:
@@ -89,6 +100,7 @@ def tokenizer_digest(tok) -> str | None:
 
 # --- problems: what is wrong, with its fix ----------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Problem:
     """One mismatch: what is wrong, how to fix it, and whether draftsmith's decoder can still load it."""
@@ -101,18 +113,35 @@ class Problem:
         return f"{self.what}\n    fix: {self.fix}"
 
 
-def key_problems(shapes: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]], where: str,
-                 optional: frozenset[str] = frozenset()) -> list[Problem]:
+def key_problems(
+    shapes: dict[str, tuple[int, ...]],
+    expected: dict[str, tuple[int, ...]],
+    where: str,
+    optional: frozenset[str] = frozenset(),
+) -> list[Problem]:
     """Missing, unexpected and wrong-shape keys, each named."""
-    out = [Problem(f"{where}: key {k} is missing (expected shape {list(expected[k])})",
-                   "re-export the drafter; a file missing weights cannot be served")
-           for k in sorted(set(expected) - set(shapes))]
-    out += [Problem(f"{where}: unexpected key {k} {list(shapes[k])}",
-                    "remove it: the engine's model has no such parameter (re-export the drafter)")
-            for k in sorted(set(shapes) - set(expected) - optional)]
-    out += [Problem(f"{where}: key {k} has shape {list(shapes[k])}, the config implies {list(expected[k])}",
-                    "the weights and config.json disagree: re-export, or fix the sizes in config.json")
-            for k in sorted(set(shapes) & set(expected)) if tuple(shapes[k]) != tuple(expected[k])]
+    out = [
+        Problem(
+            f"{where}: key {k} is missing (expected shape {list(expected[k])})",
+            "re-export the drafter; a file missing weights cannot be served",
+        )
+        for k in sorted(set(expected) - set(shapes))
+    ]
+    out += [
+        Problem(
+            f"{where}: unexpected key {k} {list(shapes[k])}",
+            "remove it: the engine's model has no such parameter (re-export the drafter)",
+        )
+        for k in sorted(set(shapes) - set(expected) - optional)
+    ]
+    out += [
+        Problem(
+            f"{where}: key {k} has shape {list(shapes[k])}, the config implies {list(expected[k])}",
+            "the weights and config.json disagree: re-export, or fix the sizes in config.json",
+        )
+        for k in sorted(set(shapes) & set(expected))
+        if tuple(shapes[k]) != tuple(expected[k])
+    ]
     return out
 
 
@@ -131,6 +160,7 @@ def missing_required(required: tuple[str, ...], cfg: dict) -> list[str]:
 
 
 # --- capture ids (EAGLE-3) --------------------------------------------------------------------------
+
 
 def engine_default_ids(layers: int) -> list[int]:
     """The capture ids SGLang and vLLM both use when a config names none, as HF hidden-state ids."""
@@ -185,8 +215,10 @@ def unnamed_ids_warning(cfg: dict, ids: list[int], explicit: bool) -> str | None
     if recorded == ids:
         return None
     if recorded is not None:
-        return (f"the config names no capture ids, so engines (and draftsmith) use the default HF ids {ids}, but its "
-                f"draftsmith export block records {recorded}: re-export the drafter with draftsmith export")
+        return (
+            f"the config names no capture ids, so engines (and draftsmith) use the default HF ids {ids}, but its "
+            f"draftsmith export block records {recorded}: re-export the drafter with draftsmith export"
+        )
     return f"the config names no capture ids; using the engines' default HF ids {ids}"
 
 
@@ -204,43 +236,64 @@ def capture_problems(fmt: str, cfg: dict, t: TargetFacts) -> list[Problem]:
     """Capture ids in range, ascending, and (`eagle3` layout) read alike by SGLang and vLLM."""
     ids, explicit = capture_ids_hf(fmt, cfg, t.layers)
     vllm_ids = fmt != "eagle3" or eagle3_engine(cfg) == "vllm"
-    lo, hi, conv = (0, t.layers - 1, "vLLM ids = HF hidden-state ids") if vllm_ids \
+    lo, hi, conv = (
+        (0, t.layers - 1, "vLLM ids = HF hidden-state ids")
+        if vllm_ids
         else (-1, t.layers - 2, "SGLang ids = HF hidden-state ids - 1")
+    )
     shown = engine_ids(fmt, cfg, ids)
     out = []
     bad = [s for s, i in zip(shown, ids) if not 0 <= i < t.layers]
     if bad:
-        out.append(Problem(f"capture ids {bad} out of range {lo}..{hi} for a {t.layers}-layer target ({conv})",
-                           "the ids must name layers of this target: was the drafter trained for a deeper model?"))
+        out.append(
+            Problem(
+                f"capture ids {bad} out of range {lo}..{hi} for a {t.layers}-layer target ({conv})",
+                "the ids must name layers of this target: was the drafter trained for a deeper model?",
+            )
+        )
     if explicit and ids != sorted(ids):
-        out.append(Problem(f"capture ids {shown} are not ascending: engines concatenate the captured states in layer "
-                           f"order, so fc reads them permuted (lossless output, silently lower acceptance)",
-                           "re-export with draftsmith export (it writes ascending ids and permutes fc's columns to "
-                           "match); draftsmith's own decoder uses the listed order", blocks_import=False))
+        out.append(
+            Problem(
+                f"capture ids {shown} are not ascending: engines concatenate the captured states in layer "
+                f"order, so fc reads them permuted (lossless output, silently lower acceptance)",
+                "re-export with draftsmith export (it writes ascending ids and permutes fc's columns to "
+                "match); draftsmith's own decoder uses the listed order",
+                blocks_import=False,
+            )
+        )
     if fmt == "eagle3" and explicit and eagle3_engine(cfg) is None and not bad:
         sgl = [i - 1 for i in ids]
-        out.append(Problem(f"eagle_aux_hidden_state_layer_ids {sgl} are read by SGLang as HF hidden-state ids {ids} "
-                           f"but by vLLM as {sgl}: one of the two captures layers below those trained",
-                           "for vLLM export --format speculators (or --format eagle3 --engine vllm); keep this "
-                           "directory for SGLang only; with the default ids (2, L//2, L-3) drop the field and "
-                           "both engines read it right", blocks_import=False))
+        out.append(
+            Problem(
+                f"eagle_aux_hidden_state_layer_ids {sgl} are read by SGLang as HF hidden-state ids {ids} "
+                f"but by vLLM as {sgl}: one of the two captures layers below those trained",
+                "for vLLM export --format speculators (or --format eagle3 --engine vllm); keep this "
+                "directory for SGLang only; with the default ids (2, L//2, L-3) drop the field and "
+                "both engines read it right",
+                blocks_import=False,
+            )
+        )
     return out
 
 
 # --- the draft vocabulary (EAGLE-3) --------------------------------------------------------------------
+
 
 def full_draft_vocab(draft_vocab_size: int | None, t: TargetFacts) -> bool:
     """The draft vocabulary is the whole target vocabulary: the layout then carries no d2t/t2d."""
     return draft_vocab_size == t.vocab
 
 
-def draft_vocab_problems(cfg: dict, shapes: dict[str, tuple[int, ...]],
-                         t: TargetFacts) -> tuple[list[Problem], dict[str, tuple[int, ...]]]:
+def draft_vocab_problems(
+    cfg: dict, shapes: dict[str, tuple[int, ...]], t: TargetFacts
+) -> tuple[list[Problem], dict[str, tuple[int, ...]]]:
     """d2t/t2d in a full-vocabulary file (vLLM refuses them), and the shapes left to check against the engine."""
     if not (full_draft_vocab(cfg.get("draft_vocab_size"), t) and set(DRAFT_VOCAB_KEYS) & set(shapes)):
         return [], shapes
-    found = Problem("d2t/t2d are in the file, but the draft vocabulary is the whole target vocabulary: vLLM "
-                    "refuses them (\"There is no module or parameter named 'draft_id_to_target_id'\")",
-                    "delete d2t and t2d from model.safetensors, or re-export with draftsmith export",
-                    blocks_import=False)
+    found = Problem(
+        "d2t/t2d are in the file, but the draft vocabulary is the whole target vocabulary: vLLM "
+        "refuses them (\"There is no module or parameter named 'draft_id_to_target_id'\")",
+        "delete d2t and t2d from model.safetensors, or re-export with draftsmith export",
+        blocks_import=False,
+    )
     return [found], {k: v for k, v in shapes.items() if k not in DRAFT_VOCAB_KEYS}

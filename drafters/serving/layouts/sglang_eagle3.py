@@ -25,23 +25,32 @@ def detects(cfg: dict) -> bool:
     return ARCH in (cfg.get("architectures") or [])
 
 
-def plan(meta: dict, native_keys: list[str], t: TargetFacts, provenance: dict, engine: str,
-         with_embeddings: bool) -> tuple[dict, dict[str, str]]:
+def plan(
+    meta: dict, native_keys: list[str], t: TargetFacts, provenance: dict, engine: str, with_embeddings: bool
+) -> tuple[dict, dict[str, str]]:
     """config.json and {exported key: source} of a native EAGLE-3 drafter; `engine` reads non-default ids."""
     ids, sources = eagle3_layer.plan_keys(meta, native_keys, t, LAYER_PREFIX, with_embeddings)
     provenance["capture_ids_hf"] = ids
     eagle = {"use_aux_hidden_state": True}
     if ids == engine_default_ids(t.layers):
-        provenance["note"] = ("no eagle_aux_hidden_state_layer_ids: the ids are SGLang's and vLLM's shared "
-                              "default, which both read right")
+        provenance["note"] = (
+            "no eagle_aux_hidden_state_layer_ids: the ids are SGLang's and vLLM's shared default, which both read right"
+        )
     else:  # SGLang reads id i as the output of layer i (HF id - 1), vLLM as HF id i
         provenance["engine"] = engine
-        provenance["note"] = (f"eagle_aux_hidden_state_layer_ids are {engine}'s "
-                              f"({'HF ids - 1' if engine == 'sglang' else 'HF ids'}): this directory "
-                              f"captures the trained layers in {engine} only")
+        provenance["note"] = (
+            f"eagle_aux_hidden_state_layer_ids are {engine}'s "
+            f"({'HF ids - 1' if engine == 'sglang' else 'HF ids'}): this directory "
+            f"captures the trained layers in {engine} only"
+        )
         eagle["eagle_aux_hidden_state_layer_ids"] = [i - 1 for i in ids] if engine == "sglang" else ids
-    config = {"architectures": [ARCH], **eagle3_layer.layer_config(meta, t),
-              "draft_vocab_size": meta["draft_vocab_size"], "eagle_config": eagle, "draftsmith": provenance}
+    config = {
+        "architectures": [ARCH],
+        **eagle3_layer.layer_config(meta, t),
+        "draft_vocab_size": meta["draft_vocab_size"],
+        "eagle_config": eagle,
+        "draftsmith": provenance,
+    }
     return config, sources
 
 

@@ -17,34 +17,56 @@ ARCH = "Eagle3Speculator"
 KINDS = ("eagle3",)  # the drafter kinds this layout holds
 LAYER_PREFIX = "layers.0."
 # Config fields the exporter must write (dotted = nested); vLLM reads these to build the model.
-REQUIRED = ("architectures", "speculators_model_type", "draft_vocab_size", "norm_before_residual",
-            "eagle_aux_hidden_state_layer_ids", "speculators_config.algorithm",
-            "speculators_config.default_proposal_method", "speculators_config.proposal_methods",
-            "speculators_config.verifier.name_or_path", "speculators_config.verifier.architectures",
-            *(f"transformer_layer_config.{f}" for f in LAYER_FIELDS))
+REQUIRED = (
+    "architectures",
+    "speculators_model_type",
+    "draft_vocab_size",
+    "norm_before_residual",
+    "eagle_aux_hidden_state_layer_ids",
+    "speculators_config.algorithm",
+    "speculators_config.default_proposal_method",
+    "speculators_config.proposal_methods",
+    "speculators_config.verifier.name_or_path",
+    "speculators_config.verifier.architectures",
+    *(f"transformer_layer_config.{f}" for f in LAYER_FIELDS),
+)
 
 
 def detects(cfg: dict) -> bool:
     return cfg.get("speculators_model_type") == "eagle3" or ARCH in (cfg.get("architectures") or [])
 
 
-def plan(meta: dict, native_keys: list[str], t: TargetFacts, provenance: dict, speculative_tokens: int,
-         with_embeddings: bool) -> tuple[dict, dict[str, str]]:
+def plan(
+    meta: dict, native_keys: list[str], t: TargetFacts, provenance: dict, speculative_tokens: int, with_embeddings: bool
+) -> tuple[dict, dict[str, str]]:
     """config.json and {exported key: source} of a native EAGLE-3 drafter; speculative_tokens = the proposal
     length (0 = the drafter's training-time-test depth)."""
     ids, sources = eagle3_layer.plan_keys(meta, native_keys, t, LAYER_PREFIX, with_embeddings)
     provenance["capture_ids_hf"] = ids
     k = speculative_tokens or meta["config"].get("ttt_steps") or 3
-    config = {"architectures": [ARCH], "speculators_model_type": "eagle3",
-              "transformer_layer_config": eagle3_layer.layer_config(meta, t),
-              "draft_vocab_size": meta["draft_vocab_size"], "norm_before_residual": False,
-              "target_hidden_size": None, "eagle_aux_hidden_state_layer_ids": ids,
-              "speculators_config": {
-                  "algorithm": "eagle3", "default_proposal_method": "greedy",
-                  "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": int(k),
-                                        "verifier_accept_k": 1, "accept_tolerance": 0.0}],
-                  "verifier": {"name_or_path": t.name_or_path, "architectures": list(t.architectures)}},
-              "draftsmith": provenance}
+    config = {
+        "architectures": [ARCH],
+        "speculators_model_type": "eagle3",
+        "transformer_layer_config": eagle3_layer.layer_config(meta, t),
+        "draft_vocab_size": meta["draft_vocab_size"],
+        "norm_before_residual": False,
+        "target_hidden_size": None,
+        "eagle_aux_hidden_state_layer_ids": ids,
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [
+                {
+                    "proposal_type": "greedy",
+                    "speculative_tokens": int(k),
+                    "verifier_accept_k": 1,
+                    "accept_tolerance": 0.0,
+                }
+            ],
+            "verifier": {"name_or_path": t.name_or_path, "architectures": list(t.architectures)},
+        },
+        "draftsmith": provenance,
+    }
     return config, sources
 
 
@@ -61,9 +83,15 @@ def expected_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
 def problems(cfg: dict, t: TargetFacts) -> list[Problem]:
     out = eagle3_layer.problems("speculators", cfg, layer(cfg), "transformer_layer_config.", ARCH, t)
     if cfg.get("norm_before_residual") is not False:
-        out.append(Problem(f"norm_before_residual is {cfg.get('norm_before_residual')}",
-                           "draftsmith's draft layer keeps the un-normed state as the residual: norm_before_residual "
-                           "false (vLLM assumes true when the field is absent)"))
+        out.append(
+            Problem(
+                f"norm_before_residual is {cfg.get('norm_before_residual')}",
+                "draftsmith's draft layer keeps the un-normed state as the residual: norm_before_residual "
+                "false (vLLM assumes true when the field is absent)",
+            )
+        )
     if field(cfg, "speculators_config.algorithm") != "eagle3":
-        out.append(Problem("speculators_config.algorithm is not eagle3", 'set speculators_config.algorithm to "eagle3"'))
+        out.append(
+            Problem("speculators_config.algorithm is not eagle3", 'set speculators_config.algorithm to "eagle3"')
+        )
     return out

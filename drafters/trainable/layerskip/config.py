@@ -20,7 +20,9 @@ class LayerSkipConfig:
     curriculum_steps: int = 1000  # gradual: the run length the schedule is spread over
     gradual_fraction: float = 0.5  # gradual: all exits on from this fraction of curriculum_steps
     lora_rank: int = 8  # lora mode: LoRA rank on layers[:draft_exit]
-    lora_layers: tuple[int, ...] = ()  # lora mode: the layers adapted, each < draft_exit; () = all of layers[:draft_exit]
+    lora_layers: tuple[
+        int, ...
+    ] = ()  # lora mode: the layers adapted, each < draft_exit; () = all of layers[:draft_exit]
     lora_alpha: int = 16
     lora_dropout: float = 0.0
     lora_targets: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -35,11 +37,14 @@ class LayerSkipConfig:
             raise ValueError(f"LayerSkip loss {self.loss!r} not one of ['ce', 'kl']")
         L = num_layers
         draft = self.draft_exit or max(1, L // 4)
-        exits = tuple(sorted({int(e) for e in self.exits})) or (tuple(range(1, L)) if self.mode == "exit_head" else (draft,))
+        exits = tuple(sorted({int(e) for e in self.exits})) or (
+            tuple(range(1, L)) if self.mode == "exit_head" else (draft,)
+        )
         bad = [e for e in (*exits, draft) if not 1 <= e < L]
         if bad:
-            raise ValueError(f"LayerSkip exits {bad} out of range 1..{L - 1} for a {L}-layer target "
-                             "(exit E runs layers [0, E))")
+            raise ValueError(
+                f"LayerSkip exits {bad} out of range 1..{L - 1} for a {L}-layer target (exit E runs layers [0, E))"
+            )
         if draft not in exits:
             raise ValueError(f"draft_exit {draft} is not among the trained exits {list(exits)}")
         if self.mode != "exit_head" and exits != (draft,):
@@ -48,8 +53,9 @@ class LayerSkipConfig:
             raise ValueError(f"lora_rank must be >= 1 and adapter_rank >= 0, got {self.lora_rank}, {self.adapter_rank}")
         layers = tuple(sorted({int(i) for i in self.lora_layers}))
         if any(not 0 <= i < draft for i in layers):
-            raise ValueError(f"lora_layers {list(self.lora_layers)} must lie in 0..{draft - 1} (the layers below "
-                             f"draft_exit {draft})")
+            raise ValueError(
+                f"lora_layers {list(self.lora_layers)} must lie in 0..{draft - 1} (the layers below draft_exit {draft})"
+            )
         return replace(self, exits=exits, draft_exit=draft, lora_layers=layers)
 
     def feature_ids(self, num_layers: int) -> tuple[int, ...]:

@@ -22,8 +22,10 @@ from drafters.trainable.losses import layer_dropout_rates
 def copy_layers(target: Target, n: int) -> nn.ModuleList:
     """Trainable fp32 copies of the target's layers[:n] (decoding casts them to the target's dtype)."""
     if any(p.numel() == 0 for p in target.layers[:n].parameters()):
-        raise ValueError("the target's layers are partitioned (ZeRO-3/FSDP): LayerSkip mode full copies them "
-                         "whole; train it with DDP or ZeRO-1/2, or use mode lora")
+        raise ValueError(
+            "the target's layers are partitioned (ZeRO-3/FSDP): LayerSkip mode full copies them "
+            "whole; train it with DDP or ZeRO-1/2, or use mode lora"
+        )
     layers = nn.ModuleList(without_lora(copy.deepcopy(target.layers[i])) for i in range(n)).float()
     return layers.requires_grad_(True)
 
@@ -40,14 +42,17 @@ def without_lora(layer: nn.Module) -> nn.Module:
     return layer
 
 
-def early_states(target: Target, batch: dict, n: int, layer_dropout: float,
-                 layers: nn.ModuleList | None = None) -> Tensor:
+def early_states(
+    target: Target, batch: dict, n: int, layer_dropout: float, layers: nn.ModuleList | None = None
+) -> Tensor:
     """Layers[:n] (the target's, or `layers` in their place) over a right-padded batch, each skipped at
     LayerSkip's layer-dropout rate for its depth (max `layer_dropout`; 0 = none). -> [B, T, H]"""
     ids, am = batch["input_ids"], batch["attention_mask"]
     if bool((am[:, 1:] > am[:, :-1]).any()):
-        raise ValueError(f"LayerSkip {'full' if layers is not None else 'lora'} mode needs right-padded batches "
-                         "(attention_mask 1...1 0...0)")
+        raise ValueError(
+            f"LayerSkip {'full' if layers is not None else 'lora'} mode needs right-padded batches "
+            "(attention_mask 1...1 0...0)"
+        )
     skip = frozenset()
     if layer_dropout > 0:
         rates = torch.tensor(layer_dropout_rates(n, layer_dropout))
@@ -55,6 +60,7 @@ def early_states(target: Target, batch: dict, n: int, layer_dropout: float,
     positions = torch.arange(ids.shape[1], device=target.device)
     h = target.embed_tokens(ids.to(target.device))
     dtype = h.dtype if layers is None else next(layers.parameters()).dtype
-    h, _ = target.run_layers(h.to(dtype), 0, n, None, positions, causal_padding_mask(am.to(target.device), dtype),
-                             skip=skip, layers=layers)
+    h, _ = target.run_layers(
+        h.to(dtype), 0, n, None, positions, causal_padding_mask(am.to(target.device), dtype), skip=skip, layers=layers
+    )
     return h

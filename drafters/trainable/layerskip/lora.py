@@ -21,24 +21,46 @@ class LoraAdapters:
     """The adapters in a target model's first `layers` layers (or only those in `only`); `modules` holds
     their weights for registering."""
 
-    def __init__(self, model: nn.Module, layers: int, rank: int, alpha: int, dropout: float,
-                 targets: tuple[str, ...], only: tuple[int, ...] = ()) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        layers: int,
+        rank: int,
+        alpha: int,
+        dropout: float,
+        targets: tuple[str, ...],
+        only: tuple[int, ...] = (),
+    ) -> None:
         from peft import LoraConfig, inject_adapter_in_model
         from peft.tuners.lora import LoraLayer
 
         if getattr(model, "peft_config", None):
-            raise ValueError("this target already carries peft adapters (another LoRA drafter?): "
-                             "load a fresh target for each LayerSkip-LoRA drafter")
+            raise ValueError(
+                "this target already carries peft adapters (another LoRA drafter?): "
+                "load a fresh target for each LayerSkip-LoRA drafter"
+            )
         self.model, self.n_layers = model, layers
-        self.config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=list(targets),
-                                 layers_pattern="layers", layers_to_transform=list(only or range(layers)))
+        self.config = LoraConfig(
+            r=rank,
+            lora_alpha=alpha,
+            lora_dropout=dropout,
+            target_modules=list(targets),
+            layers_pattern="layers",
+            layers_to_transform=list(only or range(layers)),
+        )
         inject_adapter_in_model(self.config, model, adapter_name=ADAPTER)
         found = [(n, m) for n, m in model.named_modules() if isinstance(m, LoraLayer)]
         if not found:
             raise ValueError(f"LoRA targets {list(targets)} match no module in layers[:{layers}]")
         self.layers = [m for _, m in found]
-        self.modules = nn.ModuleDict({n.replace(".", "__"): nn.ModuleDict(
-            {"A": m.lora_A[ADAPTER], "B": m.lora_B[ADAPTER], "dropout": m.lora_dropout[ADAPTER]}) for n, m in found})
+        self.modules = nn.ModuleDict(
+            {
+                n.replace(".", "__"): nn.ModuleDict(
+                    {"A": m.lora_A[ADAPTER], "B": m.lora_B[ADAPTER], "dropout": m.lora_dropout[ADAPTER]}
+                )
+                for n, m in found
+            }
+        )
         self.set(False)
 
     def set(self, on: bool) -> None:
@@ -81,8 +103,10 @@ class LoraAdapters:
                 if k.startswith("lora."):
                     name, ab, rest = k.removeprefix("lora.").split(".", 2)
                     tensors[f"{name.replace('__', '.')}.lora_{ab}.{rest}"] = v
-        save_file({PEFT_PREFIX + k: v.detach().contiguous().cpu() for k, v in tensors.items()},
-                  str(out / "adapter_model.safetensors"))
+        save_file(
+            {PEFT_PREFIX + k: v.detach().contiguous().cpu() for k, v in tensors.items()},
+            str(out / "adapter_model.safetensors"),
+        )
 
     def load(self, path: Path) -> None:
         from peft import set_peft_model_state_dict
@@ -92,6 +116,8 @@ class LoraAdapters:
         result = set_peft_model_state_dict(self.model, state, adapter_name=ADAPTER)
         expected = {k for k in self.model.state_dict() if f".{ADAPTER}." in k}
         if result.unexpected_keys or len(state) != len(expected):
-            raise ValueError(f"{path}: adapter keys do not match this LoRA config "
-                             f"({len(state)} saved, {len(expected)} expected; unexpected {result.unexpected_keys[:3]})")
+            raise ValueError(
+                f"{path}: adapter keys do not match this LoRA config "
+                f"({len(state)} saved, {len(expected)} expected; unexpected {result.unexpected_keys[:3]})"
+            )
         self.set(False)

@@ -49,14 +49,22 @@ class LayerSkip(nn.Module):
         self.config = cfg = (config or LayerSkipConfig()).resolved(target.num_layers, target.vocab_size)
         eps = float(getattr(target.config, "rms_norm_eps", 1e-6))
         with torch.device(target.device):
-            self.exits = nn.ModuleDict({str(e): ExitHead(target.norm.weight.float(), eps, cfg.adapter_rank)
-                                        for e in cfg.exits})
+            self.exits = nn.ModuleDict(
+                {str(e): ExitHead(target.norm.weight.float(), eps, cfg.adapter_rank) for e in cfg.exits}
+            )
         self.adapters, self.early = None, None
         if cfg.mode == "full":
             self.early = copy_layers(target, cfg.draft_exit)
         if cfg.mode == "lora":
-            self.adapters = LoraAdapters(target.model, cfg.draft_exit, cfg.lora_rank, cfg.lora_alpha,
-                                         cfg.lora_dropout, cfg.lora_targets, cfg.lora_layers)
+            self.adapters = LoraAdapters(
+                target.model,
+                cfg.draft_exit,
+                cfg.lora_rank,
+                cfg.lora_alpha,
+                cfg.lora_dropout,
+                cfg.lora_targets,
+                cfg.lora_layers,
+            )
             self.lora = self.adapters.modules  # registered here so optimizers, DDP and .train()/.to() see them
 
     def adapters_on(self) -> AbstractContextManager[None]:
@@ -99,8 +107,16 @@ class LayerSkip(nn.Module):
     def position_accuracy(self, batch: dict, depth: int | None = None, topk: int = 1) -> list[float]:
         """The draft exit's chain accuracy per position 1..depth (objective.chain_accuracy)."""
         t = self.target
-        return chain_accuracy(self.config, batch, depth or self.config.eval_depth, topk, t.lm_head, t.num_layers,
-                              self.exit_logits, self.exit_states)
+        return chain_accuracy(
+            self.config,
+            batch,
+            depth or self.config.eval_depth,
+            topk,
+            t.lm_head,
+            t.num_layers,
+            self.exit_logits,
+            self.exit_states,
+        )
 
     def drafter(self, name: str | None = None):
         """exit_head: early exit at draft_exit with this head, reusing the target's KV; lora, full: own cache."""
@@ -120,8 +136,9 @@ def own_layers_exit(module: LayerSkip, name: str) -> LMDrafter:
 
     def run(ids: Tensor, positions: Tensor, mask: Tensor | None, cache) -> tuple[Tensor, Tensor]:
         with module.adapters_on():
-            h, _ = t.run_layers(t.embed(ids).to(dtype), 0, E, cache, positions,
-                                None if mask is None else mask.to(dtype), layers=layers)
+            h, _ = t.run_layers(
+                t.embed(ids).to(dtype), 0, E, cache, positions, None if mask is None else mask.to(dtype), layers=layers
+            )
         return module.exit_logits(E, h)[0], h[0]  # [T, V], [T, D]
 
     return LMDrafter(name, run, t.dtype, t.device, t.num_layers, shared=False)

@@ -28,14 +28,22 @@ ExitLogits = Callable[[int, Tensor], Tensor]  # (exit E, layer-E states [B, T, H
 ExitStates = Callable[[dict, int], Tensor]  # (batch, exit E) -> layer-E states [B, T, H]
 
 
-def exit_loss(cfg: LayerSkipConfig, batch: dict, step: int, lm_head: nn.Linear, num_layers: int,
-              logits_at: ExitLogits, states_at: ExitStates) -> tuple[Tensor, dict[str, float]]:
+def exit_loss(
+    cfg: LayerSkipConfig,
+    batch: dict,
+    step: int,
+    lm_head: nn.Linear,
+    num_layers: int,
+    logits_at: ExitLogits,
+    states_at: ExitStates,
+) -> tuple[Tensor, dict[str, float]]:
     """Sum over the exits the curriculum turns on at `step` of scale_E * loss_E (KL to the target's
     distribution, or CE to the next token), with per-exit loss and top-1 agreement in the metrics."""
     valid = next_valid(batch)
     argmax = teacher_argmax(batch, lm_head, num_layers)
-    on = exit_curriculum(cfg.curriculum, step, len(cfg.exits), cfg.curriculum_steps, cfg.rotation_every,
-                         cfg.gradual_fraction)
+    on = exit_curriculum(
+        cfg.curriculum, step, len(cfg.exits), cfg.curriculum_steps, cfg.rotation_every, cfg.gradual_fraction
+    )
     scales = exit_loss_scales(cfg.exits, cfg.scale, on)
     # only rows with a loss go through the exit heads (prompt and padding rows have none: ~55% of a padded
     # chat batch), as one row [1, M]
@@ -49,8 +57,11 @@ def exit_loss(cfg: LayerSkipConfig, batch: dict, step: int, lm_head: nn.Linear, 
             continue
         logits = logits_at(e, states_at(batch, e)[b, t][None])  # [1, M, V]
         # KL to the target's P_t, built a chunk of rows at a time (drafters/trainable/losses.py distill_rows)
-        per_row = (distill_rows([logits], [0], taught, lm_head, num_layers, "kl")[0] if cfg.loss == "kl"
-                   else hard_ce(logits, batch["input_ids"][b, t + 1][None]))
+        per_row = (
+            distill_rows([logits], [0], taught, lm_head, num_layers, "kl")[0]
+            if cfg.loss == "kl"
+            else hard_ce(logits, batch["input_ids"][b, t + 1][None])
+        )
         loss_e = masked_mean(per_row, every)
         total = total + scale * loss_e
         metrics[f"{cfg.loss}_exit{e}"] = float(loss_e.detach())
@@ -58,8 +69,16 @@ def exit_loss(cfg: LayerSkipConfig, batch: dict, step: int, lm_head: nn.Linear, 
     return total, {"loss": float(total.detach()), **metrics}
 
 
-def chain_accuracy(cfg: LayerSkipConfig, batch: dict, depth: int, topk: int, lm_head: nn.Linear, num_layers: int,
-                   logits_at: ExitLogits, states_at: ExitStates) -> list[float]:
+def chain_accuracy(
+    cfg: LayerSkipConfig,
+    batch: dict,
+    depth: int,
+    topk: int,
+    lm_head: nn.Linear,
+    num_layers: int,
+    logits_at: ExitLogits,
+    states_at: ExitStates,
+) -> list[float]:
     """Chain accuracy of the draft exit per position 1..depth, conditional on earlier positions being right.
 
     Position k of a chain rooted at row t is the exit's prediction at row t+k-1 given the tokens
@@ -70,5 +89,6 @@ def chain_accuracy(cfg: LayerSkipConfig, batch: dict, depth: int, topk: int, lm_
     E = cfg.draft_exit
     correct = in_topk(logits_at(E, states_at(batch, E)), argmax, topk)
     valid = next_valid(batch)
-    return conditional_accuracy([ahead(correct, k, False) for k in range(depth)],
-                                [ahead(valid, k, False) for k in range(depth)])
+    return conditional_accuracy(
+        [ahead(correct, k, False) for k in range(depth)], [ahead(valid, k, False) for k in range(depth)]
+    )

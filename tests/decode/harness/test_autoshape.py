@@ -90,8 +90,10 @@ def test_a_costly_drafter_call_and_a_flat_pass_pick_the_roots_top_k_one_call():
     assert (best.shape.kind, best.shape.topk, best.shape.depth, best.shape.nodes) == ("dynamic", 4, 1, 4)
     assert best.tau == pytest.approx(1.6) and best.speedup == pytest.approx(1.6 / 1.2)
     assert best.label == "dynamic:topk=4,depth=1,nodes=4"
-    assert {(c.shape.topk, c.shape.nodes) for c in cands if c.shape.kind == "dynamic" and c.shape.depth == 1} == \
-        {(2, 2), (4, 4)}
+    assert {(c.shape.topk, c.shape.nodes) for c in cands if c.shape.kind == "dynamic" and c.shape.depth == 1} == {
+        (2, 2),
+        (4, 4),
+    }
 
 
 def test_verify_extra_is_a_line_in_the_rows_so_a_wide_calibration_tree_is_not_charged_to_ar():
@@ -109,8 +111,7 @@ def test_verify_extra_is_a_line_in_the_rows_so_a_wide_calibration_tree_is_not_ch
             drafter.rounds.append((DraftTree.chain([1] * (1 if shape.kind == "chain" else 8)), []))
         return narrow if shape.kind == "static" else GenStats(rounds=10, verify_s=0.31)
 
-    c = measure_costs(decode, make_drafter("early-exit:1", Target.load(STORIES)), torch.tensor([1, 2]), 8, 8, 8,
-                      curve)
+    c = measure_costs(decode, make_drafter("early-exit:1", Target.load(STORIES)), torch.tensor([1, 2]), 8, 8, 8, curve)
     assert c["verify_extra_1"] == pytest.approx(0.001) and c["verify_extra_per_row"] == pytest.approx(0.032 / 64)
     k = Costs(0.0, 0.0, 0.0, 1, 0.0, 0.0, c["verify_extra_1"], c["verify_extra_per_row"])
     chain = choose([[0.5]] * 8, k, lambda n: cost_at(curve, n), max_depth=1, width=1)[0]
@@ -160,24 +161,59 @@ def decode_fn(target):
 def test_resolve_calibrates_once_then_reads_the_cache_and_recalibrates_for_another_dtype(stories, tmp_path):
     ids = encode_prompt(stories, "Once upon a time")
     kw = dict(run_dir=tmp_path, max_new_tokens=16, depth=3, width=3)
-    first = resolve(decode_fn(stories), stories, make_drafter("early-exit:3", stories), "early-exit:3", [ids],
-                    pass_cost_curve(stories), **kw)
-    again = resolve(decode_fn(stories), stories, make_drafter("early-exit:3", stories), "early-exit:3", [ids],
-                    pass_cost_curve(stories), **kw)
+    first = resolve(
+        decode_fn(stories),
+        stories,
+        make_drafter("early-exit:3", stories),
+        "early-exit:3",
+        [ids],
+        pass_cost_curve(stories),
+        **kw,
+    )
+    again = resolve(
+        decode_fn(stories),
+        stories,
+        make_drafter("early-exit:3", stories),
+        "early-exit:3",
+        [ids],
+        pass_cost_curve(stories),
+        **kw,
+    )
     # the cached part is the acceptance table; costs are re-measured each run, so on a busy machine the
     # chosen shape may differ between the two calls — compare what the cache holds, not the choice
     assert not first.cached and again.cached and again.acceptance == first.acceptance and first.predicted is not None
     assert first.calibration.endswith("calibration/early-exit_3.json")
     # a cache measured on one prompt does not serve a run that calibrates on two (then two prompts' does)
     two = [ids, encode_prompt(stories, "Lily had a cat")]
-    more = resolve(decode_fn(stories), stories, make_drafter("early-exit:3", stories), "early-exit:3", two,
-                   pass_cost_curve(stories), **kw)
+    more = resolve(
+        decode_fn(stories),
+        stories,
+        make_drafter("early-exit:3", stories),
+        "early-exit:3",
+        two,
+        pass_cost_curve(stories),
+        **kw,
+    )
     assert not more.cached
-    assert resolve(decode_fn(stories), stories, make_drafter("early-exit:3", stories), "early-exit:3", [ids],
-                   pass_cost_curve(stories), **kw).cached
+    assert resolve(
+        decode_fn(stories),
+        stories,
+        make_drafter("early-exit:3", stories),
+        "early-exit:3",
+        [ids],
+        pass_cost_curve(stories),
+        **kw,
+    ).cached
     bf16 = Target.load(STORIES, dtype="bfloat16")
-    other = resolve(decode_fn(bf16), bf16, make_drafter("early-exit:3", bf16), "early-exit:3",
-                    [encode_prompt(bf16, "Once upon a time")], pass_cost_curve(bf16), **kw)
+    other = resolve(
+        decode_fn(bf16),
+        bf16,
+        make_drafter("early-exit:3", bf16),
+        "early-exit:3",
+        [encode_prompt(bf16, "Once upon a time")],
+        pass_cost_curve(bf16),
+        **kw,
+    )
     assert not other.cached
 
 
@@ -197,8 +233,21 @@ def test_auto_run_is_lossless_and_reports_predicted_vs_measured(stories, tmp_pat
 def test_generate_cli_tree_auto_prints_its_choice(capsys):
     from decode.generate import main
 
-    args = ["--target", str(STORIES), "--prompt", "Once upon a time", "--max-new-tokens", "12", "--drafter",
-            "early-exit:3", "--tree", "auto", "--dtype", "float32", "--raw"]
+    args = [
+        "--target",
+        str(STORIES),
+        "--prompt",
+        "Once upon a time",
+        "--max-new-tokens",
+        "12",
+        "--drafter",
+        "early-exit:3",
+        "--tree",
+        "auto",
+        "--dtype",
+        "float32",
+        "--raw",
+    ]
     assert main(args) == 0
     err = capsys.readouterr().err
     assert "dtype: float32" in err and "auto: " in err and "predicted tau" in err

@@ -24,11 +24,25 @@ case, full_disk = registrar(CASES), registrar(FULL_DISK)
 
 def ev(base: Path, prompts: Path, out: Path, *opts: str) -> list[str]:
     """`draftsmith evaluate` of AR on a prompt file, 4 tokens a turn, no warm-up, into --out."""
-    return ["evaluate", "--target", str(base / "target"), "--drafter", "ar", "--prompts", str(prompts),
-            "--max-new-tokens", "4", "--no-warmup", "--out", str(out), *opts]
+    return [
+        "evaluate",
+        "--target",
+        str(base / "target"),
+        "--drafter",
+        "ar",
+        "--prompts",
+        str(prompts),
+        "--max-new-tokens",
+        "4",
+        "--no-warmup",
+        "--out",
+        str(out),
+        *opts,
+    ]
 
 
 # --- evaluate: prompt files and --out ------------------------------------------------------------
+
 
 @case
 def prompts_jsonl_first_line_not_json(tmp, base):
@@ -77,8 +91,9 @@ def evaluate_out_no_permission(tmp, base):
     if os.geteuid() == 0:
         pytest.skip("root writes anywhere: a read-only mount shows the same message (see tests/bad_input.py)")
     (tmp / "ro").mkdir(mode=0o500)
-    return ev(base, lines(tmp, "p.txt", "Once"), tmp / "ro" / "out"), \
-        r"--out .*ro/out: cannot write in .*ro \(Permission denied\); point --out at a directory you can write"
+    return ev(
+        base, lines(tmp, "p.txt", "Once"), tmp / "ro" / "out"
+    ), r"--out .*ro/out: cannot write in .*ro \(Permission denied\); point --out at a directory you can write"
 
 
 @full_disk
@@ -90,6 +105,7 @@ def evaluate_out_disk_full(tmp, base):
 
 
 # --- the sweep over this file's cases ---------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_bad_input(name, tmp_path, base, capsys):

@@ -22,8 +22,18 @@ from decode.sampling import SamplingConfig
 from tests.conftest import STORIES
 from tests.decode.harness.eval_prompts import prompt_file
 
-DESIGN_KEYS = {"name", "mean_accepted_tokens", "acceptance_by_depth", "target_forward_passes", "new_tokens",
-               "wall_time_s", "tokens_per_s", "speedup_vs_ar", "matches_ar", "prompts"}
+DESIGN_KEYS = {
+    "name",
+    "mean_accepted_tokens",
+    "acceptance_by_depth",
+    "target_forward_passes",
+    "new_tokens",
+    "wall_time_s",
+    "tokens_per_s",
+    "speedup_vs_ar",
+    "matches_ar",
+    "prompts",
+}
 SUMMED = ("prompts", "new_tokens", "target_forward_passes", "drafter_forward_passes")
 SPECS = ["early-exit:2", "skip:2", "hf-assisted:early-exit:2", "hf-generate"]
 
@@ -33,8 +43,23 @@ def run(tmp_path_factory):
     """One CLI run: AR + two of our drafters + two HF peers on 3 conversations (4 turns), 12 new tokens."""
     tmp = tmp_path_factory.mktemp("eval")
     out = tmp / "out"
-    argv = ["--target", str(STORIES), "--prompts", str(prompt_file(tmp)), "--max-new-tokens", "12",
-            "--draft-len", "4", "--target-pass-s", "20", "0.025", "--threads", "1", "--out", str(out)]
+    argv = [
+        "--target",
+        str(STORIES),
+        "--prompts",
+        str(prompt_file(tmp)),
+        "--max-new-tokens",
+        "12",
+        "--draft-len",
+        "4",
+        "--target-pass-s",
+        "20",
+        "0.025",
+        "--threads",
+        "1",
+        "--out",
+        str(out),
+    ]
     for spec in SPECS:
         argv += ["--drafter", spec]
     threads = torch.get_num_threads()
@@ -108,7 +133,11 @@ def test_per_category_and_per_prompt_rows_add_up(run):
             assert c["mean_accepted_tokens"] == pytest.approx(c["new_tokens"] / c["target_forward_passes"])
     rows = by_name(report)["ar"]["prompts"]
     assert [(r["id"], r["category"], r["turn"]) for r in rows] == [
-        ("1", "park", 0), ("2", "home", 0), ("2", "home", 1), ("3", "park", 0)]
+        ("1", "park", 0),
+        ("2", "home", 0),
+        ("2", "home", 1),
+        ("3", "park", 0),
+    ]
     # turn 2's prompt holds turn 1, the model's 12-token answer and turn 2
     assert rows[2]["prompt_tokens"] > rows[1]["prompt_tokens"] + 12
 
@@ -164,4 +193,3 @@ def test_sampling_run_has_no_matches_ar(stories):
         assert d["matches_ar"] is None and all(p["matches_ar"] is None for p in d["prompts"])
         assert d["new_tokens"] == 8
     assert report["drafters"][0]["mean_accepted_tokens"] == 1.0
-

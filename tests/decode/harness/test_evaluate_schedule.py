@@ -62,9 +62,20 @@ def test_timing_is_interleaved_by_conversation_with_sequential_seeds(stories, tm
     runners = [(n, SeedRunner(n, log)) for n in ("ar", "a", "b")]
     convs = load_prompts(prompt_file(tmp_path))  # 3 conversations, turns 1 + 2 + 1
     report = evaluate(stories, runners, convs, EvalConfig(warmup=False, seed=10), progress=False)
-    assert log == [("ar", 10), ("a", 10), ("b", 10),                          # conversation 1
-                   ("a", 11), ("a", 12), ("b", 11), ("b", 12), ("ar", 11), ("ar", 12),  # rotated by one
-                   ("b", 13), ("ar", 13), ("a", 13)]                          # rotated by two
+    assert log == [
+        ("ar", 10),
+        ("a", 10),
+        ("b", 10),  # conversation 1
+        ("a", 11),
+        ("a", 12),
+        ("b", 11),
+        ("b", 12),
+        ("ar", 11),
+        ("ar", 12),  # rotated by one
+        ("b", 13),
+        ("ar", 13),
+        ("a", 13),
+    ]  # rotated by two
     assert report["settings"]["timing"] == "interleaved by conversation"
     for d in report["drafters"]:
         assert len(d["speedup_vs_ar_per_conversation"]) == 3
@@ -135,8 +146,9 @@ def test_workers_decode_every_turn_as_one_process_does(stories, tmp_path, temper
         runners[-1][1].shape = parse_shape("dynamic:topk=2,depth=3,nodes=5", 3)  # as choose_shape would fix it
         runs.append(interleaved(stories, runners, convs, cold, False, workers=workers)[0])
     r1, r2 = runs
-    assert [[(t.id, t.turn, t.tokens) for t in run.turns] for run in r1] == \
-        [[(t.id, t.turn, t.tokens) for t in run.turns] for run in r2]
+    assert [[(t.id, t.turn, t.tokens) for t in run.turns] for run in r1] == [
+        [(t.id, t.turn, t.tokens) for t in run.turns] for run in r2
+    ]
 
 
 def test_auto_calibrates_on_prompts_spread_over_the_list(stories):
@@ -178,7 +190,8 @@ def test_pool_workers_end_when_their_parent_is_killed(tmp_path):
         "                             initargs=(os.getpid(), 0.1)) as pool:\n"
         "        print(pool.submit(os.getpid).result(), flush=True)\n"
         "        pool.submit(time.sleep, 120)\n"
-        "        time.sleep(120)\n")
+        "        time.sleep(120)\n"
+    )
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
     parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
     worker = int(parent.stdout.readline())

@@ -27,8 +27,20 @@ def test_unknown_spec_lists_valid_forms(stories):
 
 def test_cli_bad_spec_fails_before_running(tmp_path, capsys):
     out = tmp_path / "out"
-    rc = main(["--target", str(STORIES), "--prompts", str(prompt_file(tmp_path)), "--drafter", "early-exit:2",
-               "--drafter", "bogus", "--out", str(out)])
+    rc = main(
+        [
+            "--target",
+            str(STORIES),
+            "--prompts",
+            str(prompt_file(tmp_path)),
+            "--drafter",
+            "early-exit:2",
+            "--drafter",
+            "bogus",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 2 and not out.exists()
     assert "unknown drafter SPEC 'bogus'" in capsys.readouterr().err
 
@@ -62,4 +74,3 @@ def test_draft_model_peers_match_early_exit(stories, tmp_path):
         # HF may save one pass: it drafts before its prefill
         assert ref.stats.target_passes - saved <= got.stats.target_passes <= ref.stats.target_passes, spec
         assert got.stats.drafter_passes > 0, spec
-

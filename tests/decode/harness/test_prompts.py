@@ -30,11 +30,15 @@ def test_bundled_dev_prompts_and_limit():
 
 
 def test_spec_bench_jsonl(tmp_path):
-    rows = [{"question_id": 81, "category": "writing", "turns": ["Write a poem.", "Now shorter."]},
-            {"question_id": 7, "category": "qa", "turns": ["Why?"], "reference": ["x"]}]
+    rows = [
+        {"question_id": 81, "category": "writing", "turns": ["Write a poem.", "Now shorter."]},
+        {"question_id": 7, "category": "qa", "turns": ["Why?"], "reference": ["x"]},
+    ]
     convs = load_prompts(write(tmp_path, "q.jsonl", [json.dumps(r) for r in rows]))
     assert [(c.id, c.category, c.turns) for c in convs] == [
-        ("81", "writing", ("Write a poem.", "Now shorter.")), ("7", "qa", ("Why?",))]
+        ("81", "writing", ("Write a poem.", "Now shorter.")),
+        ("7", "qa", ("Why?",)),
+    ]
 
 
 def test_prompt_jsonl(tmp_path):
@@ -42,15 +46,18 @@ def test_prompt_jsonl(tmp_path):
     assert [(c.id, c.category, c.turns) for c in convs] == [("1", DEFAULT_CATEGORY, ("Hello",)), ("2", "c", ("Bye",))]
 
 
-@pytest.mark.parametrize("lines, lineno, words", [
-    (['{"prompt": "a"}', "", '{"prompt": "b"'], 3, "not valid JSON"),
-    (['{"prompt": "a"}', '{"text": "b"}'], 2, "needs 'turns'"),
-    (['{"turns": []}'], 1, "non-empty list"),
-    (['{"turns": ["a", 3]}'], 1, "non-empty list"),
-    (['{"prompt": ""}'], 1, "non-empty string"),
-    (['{"prompt": "a"}', "[1, 2]"], 2, "expected a JSON object"),  # a jsonl file stays jsonl
-    (['{"prompt": "a", "category": 5}'], 1, "'category'"),
-])
+@pytest.mark.parametrize(
+    "lines, lineno, words",
+    [
+        (['{"prompt": "a"}', "", '{"prompt": "b"'], 3, "not valid JSON"),
+        (['{"prompt": "a"}', '{"text": "b"}'], 2, "needs 'turns'"),
+        (['{"turns": []}'], 1, "non-empty list"),
+        (['{"turns": ["a", 3]}'], 1, "non-empty list"),
+        (['{"prompt": ""}'], 1, "non-empty string"),
+        (['{"prompt": "a"}', "[1, 2]"], 2, "expected a JSON object"),  # a jsonl file stays jsonl
+        (['{"prompt": "a", "category": 5}'], 1, "'category'"),
+    ],
+)
 def test_malformed_jsonl_names_the_line(tmp_path, lines, lineno, words):
     p = write(tmp_path, "bad.jsonl", lines)
     with pytest.raises(PromptFileError) as e:
@@ -82,8 +89,10 @@ def test_raw_text_without_chat_template(tokenizer):
 
 def test_chat_template_turn_by_turn_with_own_answers(tokenizer):
     tok = type(tokenizer).from_pretrained(STORIES)
-    tok.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</{{ m['role'] }}>{% endfor %}"
-                         "{% if add_generation_prompt %}<assistant>{% endif %}")
+    tok.chat_template = (
+        "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</{{ m['role'] }}>{% endfor %}"
+        "{% if add_generation_prompt %}<assistant>{% endif %}"
+    )
     first, special = render_turn(tok, ("Q1", "Q2"), [])
     assert (first, special) == ("<user>Q1</user><assistant>", False)  # the template holds the special tokens
     second, _ = render_turn(tok, ("Q1", "Q2"), ["my answer"])

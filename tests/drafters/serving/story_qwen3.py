@@ -21,9 +21,20 @@ def make_story_qwen3(out: str | Path, layers: int = 10, hidden: int = 128, seed:
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
-    cfg = Qwen3Config(vocab_size=512, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4, max_position_embeddings=512,
-                      bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+    cfg = Qwen3Config(
+        vocab_size=512,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden // 4,
+        max_position_embeddings=512,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+    )
     out = Path(out)
     Qwen3ForCausalLM(cfg).eval().save_pretrained(out)
     for f in TOKENIZER_FILES:

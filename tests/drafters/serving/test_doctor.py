@@ -50,8 +50,9 @@ def edit_config(path: Path, edit) -> None:
     (path / "config.json").write_text(json.dumps(cfg))
 
 
-@pytest.mark.parametrize("layout", ["native-eagle3", "native-medusa", "native-layerskip-lora", "eagle3", "speculators",
-                                    "medusa-vllm"])
+@pytest.mark.parametrize(
+    "layout", ["native-eagle3", "native-medusa", "native-layerskip-lora", "eagle3", "speculators", "medusa-vllm"]
+)
 def test_ok_on_its_own_target(dirs, capsys, layout):
     assert main([str(dirs[layout]), "--target", str(dirs["target"])]) == 0
     out = capsys.readouterr().out
@@ -64,13 +65,19 @@ def test_sglang_summary_shows_both_id_conventions(dirs, capsys):
 
 
 SGLANG_INJECTIONS = {  # name -> (config edit, the problem's text)
-    "capture id": (lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[0, 1, 5]),
-                   "capture ids [5] out of range -1..2 for a 4-layer target (SGLang ids = HF hidden-state ids - 1)"),
-    "max positions": (lambda c: c.update(max_position_embeddings=2048),
-                      "max_position_embeddings is 2048, the target's is 512"),
+    "capture id": (
+        lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[0, 1, 5]),
+        "capture ids [5] out of range -1..2 for a 4-layer target (SGLang ids = HF hidden-state ids - 1)",
+    ),
+    "max positions": (
+        lambda c: c.update(max_position_embeddings=2048),
+        "max_position_embeddings is 2048, the target's is 512",
+    ),
     "rope theta": (lambda c: c.update(rope_theta=5e5), "rope_theta is 500000, the target's is 10000"),
-    "rope scaling": (lambda c: c.update(rope_scaling={"rope_type": "linear", "factor": 2.0}),
-                     "rope_scaling is {'rope_type': 'linear', 'factor': 2.0}, the target's is None"),
+    "rope scaling": (
+        lambda c: c.update(rope_scaling={"rope_type": "linear", "factor": 2.0}),
+        "rope_scaling is {'rope_type': 'linear', 'factor': 2.0}, the target's is None",
+    ),
     "head dim": (lambda c: c.update(head_dim=16), "head_dim is 16, the target's is 8"),
     "kv heads": (lambda c: c.update(num_key_value_heads=4), "num_key_value_heads is 4, the target's is 2"),
     "tied head": (lambda c: c.update(tie_word_embeddings=True), "tie_word_embeddings is true"),
@@ -97,10 +104,25 @@ def test_speculators_capture_ids_use_vllm_convention(dirs, tmp_path):
 
 
 @pytest.mark.parametrize("layout", ["eagle3", "speculators", "medusa-vllm", "native-eagle3", "native-medusa"])
-@pytest.mark.parametrize("other,problem", [
-    ("wide", {"engine": "hidden_size is 32, the target's is 48", "native": "hidden_size: drafter trained for 32, target has 48"}),
-    ("small_vocab", {"engine": "vocab_size is 128, the target's is 96", "native": "vocab_size: drafter trained for 128, target has 96"}),
-])
+@pytest.mark.parametrize(
+    "other,problem",
+    [
+        (
+            "wide",
+            {
+                "engine": "hidden_size is 32, the target's is 48",
+                "native": "hidden_size: drafter trained for 32, target has 48",
+            },
+        ),
+        (
+            "small_vocab",
+            {
+                "engine": "vocab_size is 128, the target's is 96",
+                "native": "vocab_size: drafter trained for 128, target has 96",
+            },
+        ),
+    ],
+)
 def test_other_target_is_caught(dirs, capsys, layout, other, problem):
     assert main([str(dirs[layout]), "--target", str(dirs[other])]) == 1
     assert problem["native" if layout.startswith("native") else "engine"] in capsys.readouterr().out
@@ -113,8 +135,14 @@ def test_native_capture_ids_out_of_range(dirs, tmp_path):
     assert whats == ["capture ids [9] out of range 0..3 for a 4-layer target (HF hidden-state ids)"]
 
 
-@pytest.mark.parametrize("layout,key", [("eagle3", "midlayer.self_attn.q_proj.weight"), ("native-medusa", "blocks.2.layers.1.weight"),
-                                        ("medusa-vllm", "lm_heads.1.weight")])
+@pytest.mark.parametrize(
+    "layout,key",
+    [
+        ("eagle3", "midlayer.self_attn.q_proj.weight"),
+        ("native-medusa", "blocks.2.layers.1.weight"),
+        ("medusa-vllm", "lm_heads.1.weight"),
+    ],
+)
 @pytest.mark.parametrize("how", ["extra", "missing", "shape"])
 def test_tampered_weights_name_the_key(dirs, tmp_path, layout, key, how):
     bad = copy(dirs[layout], tmp_path / "bad")
@@ -156,7 +184,9 @@ def test_tokenizer_identity(tmp_path):
     from drafters.trainable.eagle3 import Eagle3, Eagle3Config
 
     target = Target.load(STORIES)
-    native = save_drafter(Eagle3(target, Eagle3Config(draft_vocab_size=128)), tmp_path / "native", target_id=str(STORIES))
+    native = save_drafter(
+        Eagle3(target, Eagle3Config(draft_vocab_size=128)), tmp_path / "native", target_id=str(STORIES)
+    )
     exported = export(native, "eagle3", tmp_path / "eagle3")
     assert (exported / "tokenizer.json").is_file()
     for d in (native, exported):
@@ -167,7 +197,10 @@ def test_tokenizer_identity(tmp_path):
     vocab[word + "x"] = vocab.pop(word)
     (exported / "tokenizer.json").write_text(json.dumps(tok))
     edit_config(native, lambda c: c["target"].update(tokenizer="0123456789abcdef"))
-    for d, where in ((native, "the tokenizer it was trained with"), (exported, "the tokenizer shipped with the drafter")):
+    for d, where in (
+        (native, "the tokenizer it was trained with"),
+        (exported, "the tokenizer shipped with the drafter"),
+    ):
         whats = [p.what for p in diagnose(d, str(STORIES)).problems]
         assert whats == [f"tokenizer: {where} differs from the target's (vocabulary or special ids)"]
 
@@ -181,18 +214,22 @@ def test_unreadable_input_exits_2(tmp_path, dirs, capsys):
 
 # --- the three silent engine defects of issue 13, each on a directory crafted to have it ---------------------
 
+
 def test_full_vocab_with_draft_vocab_keys_is_flagged(dirs, tmp_path, capsys):
     from drafters.trainable.eagle3 import Eagle3, Eagle3Config
 
     target = Target.load(dirs["target"])
-    native = save_drafter(Eagle3(target, Eagle3Config(draft_vocab_size=128, ttt_steps=2)), tmp_path / "n",
-                          target_id=str(dirs["target"]))
+    native = save_drafter(
+        Eagle3(target, Eagle3Config(draft_vocab_size=128, ttt_steps=2)), tmp_path / "n", target_id=str(dirs["target"])
+    )
     good = export(native, "speculators", tmp_path / "good", target=str(dirs["target"]))
     assert not diagnose(good, str(dirs["target"])).problems
     bad = copy(good, tmp_path / "bad")
     state = load_file(str(bad / "model.safetensors"))
-    save_file({**state, "d2t": torch.zeros(128, dtype=torch.long), "t2d": torch.ones(128, dtype=torch.bool)},
-              str(bad / "model.safetensors"))
+    save_file(
+        {**state, "d2t": torch.zeros(128, dtype=torch.long), "t2d": torch.ones(128, dtype=torch.bool)},
+        str(bad / "model.safetensors"),
+    )
     assert main([str(bad), "--target", str(dirs["target"])]) == 1
     out = capsys.readouterr().out
     assert "d2t/t2d are in the file, but the draft vocabulary is the whole target vocabulary: vLLM refuses them" in out
@@ -214,8 +251,10 @@ def test_sglang_ids_without_engine_are_flagged(dirs, tmp_path, capsys):
     edit_config(bad, lambda c: c.pop("draftsmith"))
     assert main([str(bad), "--target", str(dirs["target"])]) == 1
     out = capsys.readouterr().out
-    assert ("eagle_aux_hidden_state_layer_ids [0, 1, 2] are read by SGLang as HF hidden-state ids [1, 2, 3] but by "
-            "vLLM as [0, 1, 2]") in out
+    assert (
+        "eagle_aux_hidden_state_layer_ids [0, 1, 2] are read by SGLang as HF hidden-state ids [1, 2, 3] but by "
+        "vLLM as [0, 1, 2]"
+    ) in out
     assert "fix: for vLLM export --format speculators (or --format eagle3 --engine vllm)" in out
     assert not diagnose(dirs["eagle3"], str(dirs["target"])).problems  # draftsmith's own export says whose ids
 
@@ -223,5 +262,8 @@ def test_sglang_ids_without_engine_are_flagged(dirs, tmp_path, capsys):
 def test_missing_embedding_is_a_warning_with_its_fix(dirs):
     rep = diagnose(dirs["speculators"], str(dirs["target"]))
     assert not rep.problems
-    assert any(n.startswith("warning: no embed_tokens.weight: speculators 0.9.0 leaves embed_tokens uninitialised")
-               and "--with-embeddings" in n for n in rep.notes)
+    assert any(
+        n.startswith("warning: no embed_tokens.weight: speculators 0.9.0 leaves embed_tokens uninitialised")
+        and "--with-embeddings" in n
+        for n in rep.notes
+    )

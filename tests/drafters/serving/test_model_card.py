@@ -20,17 +20,42 @@ from tests.drafters.batches import build
 SHIPPED = REPO / "recipes" / "smollm2-135m" / "drafters" / "eagle3"
 SECTIONS = ["## Target", "## Data", "## Training", "## Evaluation", "## Serving"]
 NO_EVAL = "No evaluation is recorded with this drafter"
-RECIPE = {"name": "tiny-eagle3", "seed": 0,
-          "data": {"source": "chats.jsonl", "max_records": 100, "max_length": 256, "held_out": 0.05,
-                   "regenerate": {"enabled": True, "temperature": 0.7, "top_p": 0.95, "max_new_tokens": 64,
-                                  "engine": "hf"}},
-          "train": {"steps": 20, "batch_size": 4, "grad_accum": 1, "optimizer": "muon", "lr": 1e-3,
-                    "mixed_precision": "bf16", "threads": 1, "sim_chain": 8, "sim_max_new_tokens": 64,
-                    "sim_tree": "dynamic:topk=8,depth=6,nodes=24"}}
-TRAIN_ROWS = [{"step": 10, "loss": 3.0, "tokens_per_s": 100.0, "trained_tokens": 1000},
-              {"step": 20, "loss": 2.0, "tokens_per_s": 200.0, "trained_tokens": 3000}]
-EVAL_ROW = {"step": 20, "eval/loss": 2.5, "eval/sim_tau_chain": 1.5, "eval/sim_tau_tree": 2.0, "eval/sim_prompts": 8,
-            "eval/sim_accept_by_depth_chain": [0.4, 0.1], "eval/sim_matches_ar": 1.0}
+RECIPE = {
+    "name": "tiny-eagle3",
+    "seed": 0,
+    "data": {
+        "source": "chats.jsonl",
+        "max_records": 100,
+        "max_length": 256,
+        "held_out": 0.05,
+        "regenerate": {"enabled": True, "temperature": 0.7, "top_p": 0.95, "max_new_tokens": 64, "engine": "hf"},
+    },
+    "train": {
+        "steps": 20,
+        "batch_size": 4,
+        "grad_accum": 1,
+        "optimizer": "muon",
+        "lr": 1e-3,
+        "mixed_precision": "bf16",
+        "threads": 1,
+        "sim_chain": 8,
+        "sim_max_new_tokens": 64,
+        "sim_tree": "dynamic:topk=8,depth=6,nodes=24",
+    },
+}
+TRAIN_ROWS = [
+    {"step": 10, "loss": 3.0, "tokens_per_s": 100.0, "trained_tokens": 1000},
+    {"step": 20, "loss": 2.0, "tokens_per_s": 200.0, "trained_tokens": 3000},
+]
+EVAL_ROW = {
+    "step": 20,
+    "eval/loss": 2.5,
+    "eval/sim_tau_chain": 1.5,
+    "eval/sim_tau_tree": 2.0,
+    "eval/sim_prompts": 8,
+    "eval/sim_accept_by_depth_chain": [0.4, 0.1],
+    "eval/sim_matches_ar": 1.0,
+}
 
 
 def split(card: str) -> tuple[dict, str]:
@@ -57,18 +82,33 @@ def run_dir(tmp: Path, module, target_dir: Path, recipe: dict | None = None, row
 
 
 def test_card_is_hub_metadata_then_the_sections():
-    facts = CardFacts(fmt="eagle3", kind="eagle3", target="org/model", directory="out/e3", license="mit",
-                      data=(("source", "chats.jsonl"),), training=(("steps", "10 optimizer steps"),),
-                      evaluations=(Evaluation("MT-bench", "80 first turns", (("chain k=8", "1.65", "1.20x"),)),))
+    facts = CardFacts(
+        fmt="eagle3",
+        kind="eagle3",
+        target="org/model",
+        directory="out/e3",
+        license="mit",
+        data=(("source", "chats.jsonl"),),
+        training=(("steps", "10 optimizer steps"),),
+        evaluations=(Evaluation("MT-bench", "80 first turns", (("chain k=8", "1.65", "1.20x"),)),),
+    )
     meta, body = split(model_card(facts))
-    assert meta == {"base_model": "org/model", "library_name": "sglang", "license": "mit",
-                    "tags": ["speculative-decoding", "eagle3", "draftsmith", "sglang", "vllm"]}
+    assert meta == {
+        "base_model": "org/model",
+        "library_name": "sglang",
+        "license": "mit",
+        "tags": ["speculative-decoding", "eagle3", "draftsmith", "sglang", "vllm"],
+    }
     assert [ln for ln in body.splitlines() if ln.startswith("## ")] == SECTIONS
     assert "| chain k=8 | 1.65 | 1.20x |" in body and NO_EVAL not in body
-    assert ("vllm serve org/model --speculative-config "
-            """'{"method": "eagle3", "model": "out/e3", "num_speculative_tokens": 4}'""") in body
-    assert ("python -m sglang.launch_server --model org/model --speculative-algorithm EAGLE3 "
-            "--speculative-draft-model-path out/e3 ") in body
+    assert (
+        "vllm serve org/model --speculative-config "
+        """'{"method": "eagle3", "model": "out/e3", "num_speculative_tokens": 4}'"""
+    ) in body
+    assert (
+        "python -m sglang.launch_server --model org/model --speculative-algorithm EAGLE3 "
+        "--speculative-draft-model-path out/e3 "
+    ) in body
     assert "python -m decode.evaluate --target org/model --drafter out/e3 " in body
     one = model_card(CardFacts(fmt="eagle3", kind="eagle3", target="org/model", directory="d", engine="sglang"))
     meta, body = split(one)  # explicit ids in SGLang's convention: no vLLM command, the re-export named
@@ -76,9 +116,16 @@ def test_card_is_hub_metadata_then_the_sections():
     assert "--engine vllm" in body and NO_EVAL in body
 
 
-@pytest.mark.parametrize("kind,fmt,library", [("eagle3", "native", "draftsmith"), ("eagle3", "eagle3", "sglang"),
-                                              ("eagle3", "speculators", "vllm"), ("medusa", "medusa-vllm", "vllm"),
-                                              ("layerskip", "native", "draftsmith")])
+@pytest.mark.parametrize(
+    "kind,fmt,library",
+    [
+        ("eagle3", "native", "draftsmith"),
+        ("eagle3", "eagle3", "sglang"),
+        ("eagle3", "speculators", "vllm"),
+        ("medusa", "medusa-vllm", "vllm"),
+        ("layerskip", "native", "draftsmith"),
+    ],
+)
 def test_every_export_writes_a_card(tmp_path, target_dir, kind, fmt, library):
     module = build(kind, Target.load(target_dir))
     out = export(run_dir(tmp_path, module, target_dir), fmt, tmp_path / fmt)
@@ -102,17 +149,30 @@ def test_tau_table_only_when_the_run_recorded_an_evaluation(tmp_path, target_dir
     run = run_dir(tmp_path, module, target_dir, RECIPE, TRAIN_ROWS)
     _, body = split((export(run, "eagle3", tmp_path / "a") / "README.md").read_text())
     assert NO_EVAL in body and "| draft shape |" not in body
-    for line in ("- source: chats.jsonl", "- records: the first 100 records of the source",
-                 "- regeneration: every answer written by the target itself (temperature 0.7, top-p 0.95, at most 64",
-                 "- steps: 20 optimizer steps", "- batch: 4 sequences per process per micro-batch x 1",
-                 "- trained tokens: 3,000", "- precision: bf16 autocast", "- threads: 1 per process",
-                 "- time in training steps: 0 min 20 s"):
+    for line in (
+        "- source: chats.jsonl",
+        "- records: the first 100 records of the source",
+        "- regeneration: every answer written by the target itself (temperature 0.7, top-p 0.95, at most 64",
+        "- steps: 20 optimizer steps",
+        "- batch: 4 sequences per process per micro-batch x 1",
+        "- trained tokens: 3,000",
+        "- precision: bf16 autocast",
+        "- threads: 1 per process",
+        "- time in training steps: 0 min 20 s",
+    ):
         assert line in body
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in [*TRAIN_ROWS, EVAL_ROW]))
-    (run / "report.json").write_text(json.dumps({
-        "settings": {"prompts": "mt.jsonl", "turns": 4, "max_new_tokens": 32, "temperature": 0.0},
-        "drafters": [{"name": "ar", "spec": "ar", "mean_accepted_tokens": 1.0, "speedup_vs_ar": 1.0},
-                     {"name": "e3", "spec": "runs/e3", "mean_accepted_tokens": 1.75, "speedup_vs_ar": 1.31}]}))
+    (run / "report.json").write_text(
+        json.dumps(
+            {
+                "settings": {"prompts": "mt.jsonl", "turns": 4, "max_new_tokens": 32, "temperature": 0.0},
+                "drafters": [
+                    {"name": "ar", "spec": "ar", "mean_accepted_tokens": 1.0, "speedup_vs_ar": 1.0},
+                    {"name": "e3", "spec": "runs/e3", "mean_accepted_tokens": 1.75, "speedup_vs_ar": 1.31},
+                ],
+            }
+        )
+    )
     _, body = split((export(run, "eagle3", tmp_path / "b") / "README.md").read_text())
     assert NO_EVAL not in body
     assert "8 held-out prompts, greedy, 64 new tokens, draftsmith's decoder at step 20." in body

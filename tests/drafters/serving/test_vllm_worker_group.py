@@ -73,7 +73,9 @@ def test_a_clean_exit_leaves_no_engine_process(tmp_path, worker):
 def test_a_timeout_kills_the_worker_and_its_engine(tmp_path, worker):
     pid_file = tmp_path / "grandchild.pid"
     with pytest.raises(subprocess.TimeoutExpired):
-        run_worker(Path(sys.executable), worker, {"pid_file": str(pid_file), "finish": False}, tmp_path / "w", timeout=3)
+        run_worker(
+            Path(sys.executable), worker, {"pid_file": str(pid_file), "finish": False}, tmp_path / "w", timeout=3
+        )
     assert gone_within(wait_for(pid_file))
 
 
@@ -81,10 +83,16 @@ def test_killing_the_caller_kills_the_worker_and_its_engine(tmp_path, worker):
     """The case that left an engine core at 100% of a core: `pkill -f train.features` during regeneration."""
     pid_file = tmp_path / "grandchild.pid"
     caller = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from pathlib import Path; from drafters.serving.vllm_env import run_worker; "
-         f"run_worker(Path(sys.executable), Path({str(worker)!r}), {{'pid_file': {str(pid_file)!r}, 'finish': False}}, "
-         f"Path({str(tmp_path / 'w')!r}))"],
-        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+        [
+            sys.executable,
+            "-c",
+            "import sys; from pathlib import Path; from drafters.serving.vllm_env import run_worker; "
+            f"run_worker(Path(sys.executable), Path({str(worker)!r}), {{'pid_file': {str(pid_file)!r}, 'finish': False}}, "
+            f"Path({str(tmp_path / 'w')!r}))",
+        ],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     try:
         grandchild = wait_for(pid_file)
         assert alive(grandchild)

@@ -96,7 +96,9 @@ def test_sampling_path_runs_and_is_seeded(tiny):
 
     prompt = torch.randint(3, 128, (8,), generator=torch.Generator().manual_seed(4))
     cfg = SamplingConfig(temperature=0.8)
-    runs = [generate(tiny, make_drafter(spec, tiny), prompt, 24, sampling=cfg, seed=7).tokens
-            for spec in ["lookahead:window=4,ngram=3", "lookahead:window=4,ngram=3"]]
+    runs = [
+        generate(tiny, make_drafter(spec, tiny), prompt, 24, sampling=cfg, seed=7).tokens
+        for spec in ["lookahead:window=4,ngram=3", "lookahead:window=4,ngram=3"]
+    ]
     assert runs[0] == runs[1]
     assert len(runs[0]) == 24 or (runs[0][-1] in tiny.eos_ids and len(runs[0]) < 24)  # to length or to an EOS

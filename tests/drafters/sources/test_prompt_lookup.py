@@ -84,9 +84,14 @@ def test_greedy_equals_ar_tiny(tiny, spec):
         assert rec.branching() > 0  # and some were trees, not chains
 
 
-@pytest.mark.parametrize("spec,shape", [("prompt-lookup:branches=1", Shape("chain", k=8)),
-                                        ("prompt-lookup", Shape("chain", k=8)),
-                                        ("prompt-lookup", Shape("dynamic", topk=4, depth=5, nodes=20))])
+@pytest.mark.parametrize(
+    "spec,shape",
+    [
+        ("prompt-lookup:branches=1", Shape("chain", k=8)),
+        ("prompt-lookup", Shape("chain", k=8)),
+        ("prompt-lookup", Shape("dynamic", topk=4, depth=5, nodes=20)),
+    ],
+)
 def test_greedy_equals_ar_bundled(stories, spec, shape):
     prompts = DEV_PROMPTS.read_text().splitlines()
     for text in prompts[:2]:
@@ -109,8 +114,16 @@ def test_tau_above_3_when_the_answer_repeats_the_prompt(stories):
     assert gen.stats.tau > 3.0, gen.stats.tau
 
 
-@pytest.mark.parametrize("spec", ["prompt-lookup:ngram=0", "prompt-lookup:min=4,ngram=3", "prompt-lookup:k=0",
-                                  "prompt-lookup:branches=0", "prompt-lookup:width=3"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "prompt-lookup:ngram=0",
+        "prompt-lookup:min=4,ngram=3",
+        "prompt-lookup:k=0",
+        "prompt-lookup:branches=0",
+        "prompt-lookup:width=3",
+    ],
+)
 def test_bad_specs(tiny, spec):
     with pytest.raises(ValueError, match="prompt-lookup"):
         make_drafter(spec, tiny)

@@ -13,20 +13,24 @@ from decode.target import Target
 from decode.tree import Shape
 from drafters.trainable.eagle import Eagle1
 from drafters.trainable.eagle3 import Eagle3, Eagle3Config, build_draft_vocab, default_capture_ids
-from tests.drafters.batches import (
-    chat_like_batch,
-    fit,
-    make_batch,
-    random_sequences,
-    record_rounds,
-    sharp_target,
-)
+from tests.drafters.batches import chat_like_batch, fit, make_batch, random_sequences, record_rounds, sharp_target
 
 QWEN3_14B = Path(__file__).resolve().parents[2] / "data" / "qwen3-14b-config.json"
 EAGLE3_KEYS = {"fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"} | {
-    f"midlayer.{k}.weight" for k in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                                      "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "input_layernorm",
-                                      "hidden_norm", "post_attention_layernorm")}
+    f"midlayer.{k}.weight"
+    for k in (
+        "self_attn.q_proj",
+        "self_attn.k_proj",
+        "self_attn.v_proj",
+        "self_attn.o_proj",
+        "mlp.gate_proj",
+        "mlp.up_proj",
+        "mlp.down_proj",
+        "input_layernorm",
+        "hidden_norm",
+        "post_attention_layernorm",
+    )
+}
 
 
 def test_build_draft_vocab_keeps_most_frequent_in_id_order():
@@ -165,14 +169,7 @@ def test_chain_decoding_equals_training_unroll(tiny, kind):
 def all_rows_loss(m: Eagle3, batch: dict) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """The training-time test loss with the draft head over every row of the batch (the loss's plain form):
     step k's logits at row t against P_{t+k+1}, masked by ahead(valid, k+1)."""
-    from drafters.trainable.losses import (
-        ahead,
-        distill_rows,
-        masked_mean,
-        next_valid,
-        step_weights,
-        teacher_argmax,
-    )
+    from drafters.trainable.losses import ahead, distill_rows, masked_mean, next_valid, step_weights, teacher_argmax
 
     L = m.target.num_layers
     argmax = teacher_argmax(batch, m.target.lm_head, L)
@@ -180,8 +177,10 @@ def all_rows_loss(m: Eagle3, batch: dict) -> tuple[torch.Tensor, list[torch.Tens
     steps = [lg for lg, _ in m.unroll(batch, m.config.ttt_steps)]
     rows = distill_rows(steps, [k + 1 for k in range(len(steps))], batch, m.target.lm_head, L, "soft_ce", m.draft_ids)
     losses = [masked_mean(ce, ahead(valid, k + 1, False)) for k, ce in enumerate(rows)]
-    accs = [masked_mean((m.to_target(lg.argmax(-1)) == ahead(argmax, k + 1, -1)).float(), ahead(valid, k + 1, False))
-            for k, lg in enumerate(steps)]
+    accs = [
+        masked_mean((m.to_target(lg.argmax(-1)) == ahead(argmax, k + 1, -1)).float(), ahead(valid, k + 1, False))
+        for k, lg in enumerate(steps)
+    ]
     return sum(w * lo for w, lo in zip(step_weights(len(losses), m.config.step_decay), losses)), accs
 
 

@@ -52,8 +52,11 @@ def test_bad_configs(tiny):
         m(make_batch(tiny, random_sequences(tiny, 1, 6), m.feature_ids()))
 
 
-@pytest.mark.parametrize("cfg", [LayerSkipConfig(draft_exit=2, adapter_rank=4), LayerSkipConfig(mode="full", draft_exit=2)],
-                         ids=["exit-head", "full"])
+@pytest.mark.parametrize(
+    "cfg",
+    [LayerSkipConfig(draft_exit=2, adapter_rank=4), LayerSkipConfig(mode="full", draft_exit=2)],
+    ids=["exit-head", "full"],
+)
 def test_untrained_drafts_exactly_like_early_exit(tiny, cfg):
     m = LayerSkip(tiny, cfg)
     trees = []
@@ -74,13 +77,18 @@ def test_exit_head_chain_reuses_the_targets_kv(tiny):
     assert drafted and all(r is not None and r.layers == 2 and r.hidden.shape[0] == 3 for r in drafted)
 
 
-@pytest.mark.parametrize("cfg", [
-    LayerSkipConfig(adapter_rank=4, curriculum="rotational", scale="sum"),
-    LayerSkipConfig(exits=(1, 2, 3), adapter_rank=8, curriculum="gradual", curriculum_steps=20, loss="ce",
-                    scale="linear"),
-    LayerSkipConfig(mode="lora", draft_exit=2, lora_rank=4, layer_dropout=0.2),
-    LayerSkipConfig(mode="full", draft_exit=2, layer_dropout=0.2),
-], ids=["exit-head-rotational", "exit-head-gradual-ce", "lora-layer-dropout", "full-layer-dropout"])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        LayerSkipConfig(adapter_rank=4, curriculum="rotational", scale="sum"),
+        LayerSkipConfig(
+            exits=(1, 2, 3), adapter_rank=8, curriculum="gradual", curriculum_steps=20, loss="ce", scale="linear"
+        ),
+        LayerSkipConfig(mode="lora", draft_exit=2, lora_rank=4, layer_dropout=0.2),
+        LayerSkipConfig(mode="full", draft_exit=2, layer_dropout=0.2),
+    ],
+    ids=["exit-head-rotational", "exit-head-gradual-ce", "lora-layer-dropout", "full-layer-dropout"],
+)
 @pytest.mark.parametrize("family", ["qwen3", "llama"])
 def test_loss_decreases(family, cfg):
     torch.manual_seed(0)
@@ -143,21 +151,21 @@ def test_lora_needs_right_padding(tiny):
         m(batch)
 
 
-@pytest.mark.parametrize("cfg", [LayerSkipConfig(adapter_rank=4, loss="kl"), LayerSkipConfig(adapter_rank=4, loss="ce"),
-                                 LayerSkipConfig(mode="lora", draft_exit=2, lora_rank=4),
-                                 LayerSkipConfig(mode="full", draft_exit=2)], ids=["kl", "ce", "lora", "full"])
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        LayerSkipConfig(adapter_rank=4, loss="kl"),
+        LayerSkipConfig(adapter_rank=4, loss="ce"),
+        LayerSkipConfig(mode="lora", draft_exit=2, lora_rank=4),
+        LayerSkipConfig(mode="full", draft_exit=2),
+    ],
+    ids=["kl", "ce", "lora", "full"],
+)
 def test_loss_on_loss_rows_only_equals_the_all_rows_loss(tiny, cfg):
     """The exit loss runs the exit heads only on rows that carry a loss: its value, accuracies and gradients
     equal the loss with every exit's head over every row, masked. The batch has a prompt and right padding."""
     from drafters.trainable.layerskip.objective import exit_curriculum, exit_loss_scales
-    from drafters.trainable.losses import (
-        ahead,
-        distill_rows,
-        hard_ce,
-        masked_mean,
-        next_valid,
-        teacher_argmax,
-    )
+    from drafters.trainable.losses import ahead, distill_rows, hard_ce, masked_mean, next_valid, teacher_argmax
 
     torch.manual_seed(0)
     m = LayerSkip(tiny, cfg)
@@ -171,8 +179,11 @@ def test_loss_on_loss_rows_only_equals_the_all_rows_loss(tiny, cfg):
     ref, ref_metrics = 0.0, {}
     for e, s in zip(c.exits, scales):
         logits = m.exit_logits(e, m.exit_states(batch, e))
-        rows = (distill_rows([logits], [0], batch, tiny.lm_head, L, "kl")[0] if c.loss == "kl"
-                else hard_ce(logits, ahead(batch["input_ids"], 1)))
+        rows = (
+            distill_rows([logits], [0], batch, tiny.lm_head, L, "kl")[0]
+            if c.loss == "kl"
+            else hard_ce(logits, ahead(batch["input_ids"], 1))
+        )
         ref = ref + s * masked_mean(rows, valid)
         ref_metrics[f"acc_exit{e}"] = float(masked_mean((logits.argmax(-1) == argmax).float(), valid))
     params = [p for p in m.parameters() if p.requires_grad]

@@ -35,7 +35,10 @@ def test_ahead_shifts_and_fills():
 
 
 def test_next_valid_reads_loss_mask_one_ahead():
-    batch = {"loss_mask": torch.tensor([[0, 0, 1, 1, 1, 0]]).bool(), "attention_mask": torch.tensor([[1, 1, 1, 1, 0, 0]])}
+    batch = {
+        "loss_mask": torch.tensor([[0, 0, 1, 1, 1, 0]]).bool(),
+        "attention_mask": torch.tensor([[1, 1, 1, 1, 0, 0]]),
+    }
     assert next_valid(batch).tolist() == [[False, True, True, False, False, False]]
 
 
@@ -69,7 +72,8 @@ def test_exit_loss_scales_match_layerskip():
     inv = [1, 1 / 2, 1 / 4]
     assert exit_loss_scales(exits, "inv") == pytest.approx([v / sum(inv) for v in inv])
     assert exit_loss_scales(exits, "sqrt", active=[False, True, True]) == pytest.approx(
-        [0.0, math.sqrt(2) / (math.sqrt(2) + 2), 2 / (math.sqrt(2) + 2)])
+        [0.0, math.sqrt(2) / (math.sqrt(2) + 2), 2 / (math.sqrt(2) + 2)]
+    )
     with pytest.raises(ValueError, match="not one of"):
         exit_loss_scales(exits, "cubic")
 
@@ -118,8 +122,10 @@ def test_teacher_probs_from_hidden_and_from_topk():
     assert torch.allclose(sub, torch.softmax(head(h)[..., [0, 3]], -1), atol=1e-6)
     # rows past the end have no next token: all-zero, as `ahead` fills
     assert teacher_probs(batch, head, 2, 2, 5)[0, 1:].abs().sum() == 0
-    topk = {"topk_ids": torch.tensor([[[5, 1], [2, 0], [3, 4]]]), "topk_probs": torch.tensor([[[0.6, 0.2], [0.5, 0.5],
-                                                                                               [0.1, 0.3]]])}
+    topk = {
+        "topk_ids": torch.tensor([[[5, 1], [2, 0], [3, 4]]]),
+        "topk_probs": torch.tensor([[[0.6, 0.2], [0.5, 0.5], [0.1, 0.3]]]),
+    }
     assert teacher_argmax(topk, head, 2).tolist() == [[5, 2, 4]]
     assert teacher_probs(topk, head, 2, 0, 3)[0, 0].tolist() == pytest.approx([0, 0.25, 0, 0, 0, 0.75])
 

@@ -9,14 +9,7 @@ from decode.generate import generate
 from decode.protocol import Budget
 from decode.tree import Shape
 from drafters.trainable.medusa import Medusa, MedusaConfig, capped_shape
-from tests.drafters.batches import (
-    chat_like_batch,
-    fit,
-    make_batch,
-    random_sequences,
-    record_rounds,
-    sharp_target,
-)
+from tests.drafters.batches import chat_like_batch, fit, make_batch, random_sequences, record_rounds, sharp_target
 
 
 def test_keys_and_zero_init(tiny):
@@ -35,8 +28,11 @@ def test_bad_config(tiny):
         Medusa(tiny, MedusaConfig(loss="mse"))
 
 
-@pytest.mark.parametrize("cfg", [MedusaConfig(loss="ce"), MedusaConfig(loss="kl", per_head_vocab=True, num_heads=2)],
-                         ids=["ce-shared-head", "kl-own-heads"])
+@pytest.mark.parametrize(
+    "cfg",
+    [MedusaConfig(loss="ce"), MedusaConfig(loss="kl", per_head_vocab=True, num_heads=2)],
+    ids=["ce-shared-head", "kl-own-heads"],
+)
 @pytest.mark.parametrize("family", ["qwen3", "llama"])
 def test_loss_decreases(family, cfg):
     torch.manual_seed(0)
@@ -129,8 +125,10 @@ def test_loss_on_loss_rows_only_equals_the_all_rows_loss(tiny, loss, head):
         rows = distill_rows(logits, [k + 1 for k in range(3)], batch, tiny.lm_head, L, "kl")
     masks = [ahead(valid, k + 1, False) for k in range(3)]
     ref = sum(w * masked_mean(r, v) for w, r, v in zip(step_weights(3, m.config.step_decay), rows, masks))
-    ref_accs = [masked_mean((lg.argmax(-1) == ahead(argmax, k + 1, -1)).float(), v)
-                for k, (lg, v) in enumerate(zip(logits, masks))]
+    ref_accs = [
+        masked_mean((lg.argmax(-1) == ahead(argmax, k + 1, -1)).float(), v)
+        for k, (lg, v) in enumerate(zip(logits, masks))
+    ]
     params = [p for p in m.parameters() if p.requires_grad]
     ref_grads = torch.autograd.grad(ref, params)
     got, metrics = m.loss(batch)

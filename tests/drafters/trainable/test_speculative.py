@@ -47,6 +47,7 @@ def test_sampling_runs_chain_with_q_and_tree_without(kind):
     is_chain = [bool((t.parents == torch.arange(t.size) - 1).all()) for t in trees]
     chains = [t for t, c in zip(trees, is_chain) if c and t.size]
     branched = [t for t, c in zip(trees, is_chain) if not c]
-    assert chains and all(t.q is not None and torch.allclose(t.q.sum(-1), torch.ones(t.size, dtype=t.q.dtype))
-                          for t in chains)
+    assert chains and all(
+        t.q is not None and torch.allclose(t.q.sum(-1), torch.ones(t.size, dtype=t.q.dtype)) for t in chains
+    )
     assert branched and all(t.q is None for t in branched)

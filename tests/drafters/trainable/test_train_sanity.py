@@ -26,8 +26,15 @@ def test_short_eagle3_run_beats_early_exit_2(stories):
     torch.manual_seed(0)
     # 1. self-distilled data: stories sampled from the target itself, starting at BOS
     with torch.no_grad():
-        ids = stories.model.generate(torch.ones(48, 1, dtype=torch.long), attention_mask=torch.ones(48, 1, dtype=torch.long),
-                                     do_sample=True, top_k=0, max_new_tokens=95, min_new_tokens=95, pad_token_id=0)
+        ids = stories.model.generate(
+            torch.ones(48, 1, dtype=torch.long),
+            attention_mask=torch.ones(48, 1, dtype=torch.long),
+            do_sample=True,
+            top_k=0,
+            max_new_tokens=95,
+            min_new_tokens=95,
+            pad_token_id=0,
+        )
     counts = torch.bincount(ids.view(-1), minlength=stories.vocab_size)
     m = Eagle3(stories, Eagle3Config(draft_vocab_size=384, ttt_steps=3), token_counts=counts)
     batches = [make_batch(stories, ids[i : i + 8], m.feature_ids()) for i in range(0, ids.shape[0], 8)]

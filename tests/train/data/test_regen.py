@@ -98,7 +98,7 @@ def test_prompt_file_with_several_samples(stories, tmp_path):
     for k, r in enumerate(rows):
         prompt = tok(recs[k // 2]["text"])["input_ids"]
         assert r["input_ids"][: len(prompt)] == prompt and not any(r["loss_mask"][: len(prompt)])
-        assert all(r["loss_mask"][len(prompt):])
+        assert all(r["loss_mask"][len(prompt) :])
 
 
 def test_chat_questions_get_an_answer_per_turn(chat_target_dir, tmp_path):

@@ -79,9 +79,7 @@ def shards(out: Path) -> dict[str, str]:
     return {p.name: p.read_text() for p in sorted(out.glob("shard_*.jsonl"))}
 
 
-def test_vllm_shards_are_one_job_each_resumable_and_keep_the_stop_token(
-    stories, tmp_path, fake_side_venv, capsys
-):
+def test_vllm_shards_are_one_job_each_resumable_and_keep_the_stop_token(stories, tmp_path, fake_side_venv, capsys):
     out = regenerate(stories, None, dataclasses.replace(CFG, out_dir=str(tmp_path / "a")), 3, True, None)
     assert "[regen] engine vllm" in capsys.readouterr().out
     made = calls(fake_side_venv)
@@ -89,9 +87,7 @@ def test_vllm_shards_are_one_job_each_resumable_and_keep_the_stop_token(
     assert [len(c["prompts"]) for c in made] == [4, 4, 2]
     assert [c["seed"] for c in made] == [round_seed(3, s, 0) for s in range(3)]
     assert made[0]["model"] == str(Path(stories.name_or_path).resolve()) and made[0]["dtype"] == "float32"
-    assert (
-        made[0]["knobs"][0][:3] == [1.0, 1.0, 12] and made[0]["knobs"][0][3][0] == 1
-    )  # T, top-p, max, stops
+    assert made[0]["knobs"][0][:3] == [1.0, 1.0, 12] and made[0]["knobs"][0][3][0] == 1  # T, top-p, max, stops
     rows = [json.loads(x) for text in shards(out).values() for x in text.splitlines()]
     assert len(rows) == 10
     for r in rows:
@@ -108,9 +104,7 @@ def test_vllm_shards_are_one_job_each_resumable_and_keep_the_stop_token(
     assert shards(out) == before and [c["seed"] for c in calls(fake_side_venv)[3:]] == [round_seed(3, 1, 0)]
     # the same directory with the other engine is refused, not silently mixed
     with pytest.raises(ValueError, match="different engine"):
-        regenerate(
-            stories, None, dataclasses.replace(CFG, out_dir=str(tmp_path / "a"), engine="hf"), 3, True, None
-        )
+        regenerate(stories, None, dataclasses.replace(CFG, out_dir=str(tmp_path / "a"), engine="hf"), 3, True, None)
 
 
 def test_vllm_chat_turns_go_round_by_round(chat_target_dir, tmp_path, fake_side_venv):
@@ -135,9 +129,7 @@ def test_vllm_chat_turns_go_round_by_round(chat_target_dir, tmp_path, fake_side_
 def test_auto_without_vllm_is_hf_with_the_build_command(stories, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("DRAFTSMITH_HOME", str(tmp_path / "empty"))
     monkeypatch.setattr(regen, "vllm_in_this_env", lambda: False)
-    monkeypatch.setattr(
-        regen, "find_engine_python", lambda: (None, f"no side venv ({BUILD_COMMAND} builds it)")
-    )
+    monkeypatch.setattr(regen, "find_engine_python", lambda: (None, f"no side venv ({BUILD_COMMAND} builds it)"))
     cfg = dataclasses.replace(CFG, num_samples=2, engine="auto", out_dir=str(tmp_path / "h"))
     out = regenerate(stories, None, cfg, 0, True, None)
     lines = [x for x in capsys.readouterr().out.splitlines() if "engine" in x]
@@ -153,9 +145,7 @@ def test_auto_and_vllm_respect_the_cpu_head_size(stories, tmp_path, fake_side_ve
     assert "engine auto: hf — vLLM's CPU build refuses head_dim < 32" in capsys.readouterr().out
     assert calls(fake_side_venv) == []
     with pytest.raises(ValueError, match="refuses this target's head size"):
-        regenerate(
-            stories, None, dataclasses.replace(cfg, engine="vllm", out_dir=str(tmp_path / "v")), 0, True, None
-        )
+        regenerate(stories, None, dataclasses.replace(cfg, engine="vllm", out_dir=str(tmp_path / "v")), 0, True, None)
 
 
 def test_length_batches_never_pad_a_short_context_beside_a_long_one():
@@ -180,9 +170,7 @@ def test_a_dead_worker_is_one_error_naming_its_log(stories, tmp_path, fake_side_
     assert not list((tmp_path / "d").glob("shard_*.jsonl"))  # nothing written
 
 
-def test_vllm_without_a_side_venv_builds_it_and_an_unbuildable_one_is_one_error(
-    stories, tmp_path, monkeypatch
-):
+def test_vllm_without_a_side_venv_builds_it_and_an_unbuildable_one_is_one_error(stories, tmp_path, monkeypatch):
     """engine=vllm builds the side venv when it is missing; here the build fails at once (no python to make
     the venv with: nothing is downloaded), and that is one error line with the way out."""
     from decode.errors import UserError

@@ -57,7 +57,9 @@ def test_text_questions_tokens_and_several_sources(tmp_path):
 
 
 def test_missing_field_names_file_row_and_field(tmp_path):
-    bad = jsonl(tmp_path / "bad.jsonl", CHAT + [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant"}]}])
+    bad = jsonl(
+        tmp_path / "bad.jsonl", CHAT + [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant"}]}]
+    )
     with pytest.raises(RecordError, match=r"bad.jsonl row 1, messages\[1\]: missing field 'content'"):
         load_records(DataConfig(source=bad))
     bad = jsonl(tmp_path / "bad2.jsonl", [{"prompt": "a", "response": "b"}, {"prompt": None, "response": "c"}])
@@ -87,8 +89,11 @@ def test_a_cache_with_the_argmax_in_some_shards_only_collates_and_packs_without_
     from train.dataset import Packed
 
     def item(n: int, argmax: bool) -> dict:
-        it = {"input_ids": torch.arange(n), "loss_mask": torch.ones(n, dtype=torch.bool),
-              "hidden": {2: torch.randn(n, 4)}}
+        it = {
+            "input_ids": torch.arange(n),
+            "loss_mask": torch.ones(n, dtype=torch.bool),
+            "hidden": {2: torch.randn(n, 4)},
+        }
         return {**it, "argmax": torch.arange(n) + 7} if argmax else it
 
     assert "argmax" not in collate([item(3, True), item(2, False)])

@@ -29,9 +29,12 @@ def spans(tok, ids, mask) -> list[str]:
 
 
 def chat(tok, messages, thinking=None):
-    ids, mask = tokenize_chat(tok, messages, end_token_ids(tok), {} if thinking is None else {"enable_thinking": thinking})
-    assert ids == tok.apply_chat_template(messages, tokenize=True, return_dict=False,
-                                          **({} if thinking is None else {"enable_thinking": thinking}))
+    ids, mask = tokenize_chat(
+        tok, messages, end_token_ids(tok), {} if thinking is None else {"enable_thinking": thinking}
+    )
+    assert ids == tok.apply_chat_template(
+        messages, tokenize=True, return_dict=False, **({} if thinking is None else {"enable_thinking": thinking})
+    )
     return ids, mask
 
 
@@ -55,8 +58,11 @@ def test_multi_turn_history_drops_thinking_and_every_assistant_turn_is_trained(c
     ids, mask = chat(chatml, [SYSTEM, Q1, a1, Q2, a2], thinking=True)
     # Qwen3 renders history turns without their thinking, exactly what the target sees at inference
     assert spans(chatml, ids, mask) == ["Two.<|im_end|>", "<think>\nmore\n</think>\n\nFive.<|im_end|>"]
-    ids, mask = chat(chatml, [SYSTEM, Q1, {"role": "assistant", "content": "Two."}, Q2,
-                              {"role": "assistant", "content": "Five."}], thinking=False)
+    ids, mask = chat(
+        chatml,
+        [SYSTEM, Q1, {"role": "assistant", "content": "Two."}, Q2, {"role": "assistant", "content": "Five."}],
+        thinking=False,
+    )
     assert spans(chatml, ids, mask) == ["Two.<|im_end|>", "Five.<|im_end|>"]
     text = chatml.decode([i for i, m in zip(ids, mask) if not m])
     assert "Name a prime number." in text and "<|im_start|>assistant\n" in text  # prompts and headers untrained
@@ -64,14 +70,22 @@ def test_multi_turn_history_drops_thinking_and_every_assistant_turn_is_trained(c
 
 def test_plain_rule_without_template(stories):
     tok = stories.tokenizer
-    rec = {"kind": "chat", "messages": [{"role": "user", "content": "Once upon a time"},
-                                        {"role": "assistant", "content": "there was a cat."}],
-           "text": "", "input_ids": [], "loss_mask": [], "origin": "x row 0"}
+    rec = {
+        "kind": "chat",
+        "messages": [
+            {"role": "user", "content": "Once upon a time"},
+            {"role": "assistant", "content": "there was a cat."},
+        ],
+        "text": "",
+        "input_ids": [],
+        "loss_mask": [],
+        "origin": "x row 0",
+    }
     ids, mask = tokenize_record(rec, tok, {2}, use_template=False, tpl={})
     prompt = tok("Once upon a time")["input_ids"]  # BOS + prompt tokens
     assert ids[: len(prompt)] == prompt and not any(mask[: len(prompt)])
-    assert ids[-1] == tok.eos_token_id and all(mask[len(prompt):])
-    assert tok.decode(ids[len(prompt):], skip_special_tokens=True) == "there was a cat."
+    assert ids[-1] == tok.eos_token_id and all(mask[len(prompt) :])
+    assert tok.decode(ids[len(prompt) :], skip_special_tokens=True) == "there was a cat."
     text = dict(rec, kind="text", text="The end.")
     ids, mask = tokenize_record(text, tok, {2}, use_template=False, tpl={})
     assert ids[0] == tok.bos_token_id and mask == [False] + [True] * (len(ids) - 1)
@@ -84,8 +98,13 @@ def records(rows: list[dict]) -> datasets.Dataset:
 
 def test_max_length_truncate_drop_and_counts(stories):
     tok = stories.tokenizer
-    ds = records([{"text": "short."}, {"text": "a much longer text that goes on and on and on and on and on"},
-                  {"kind": "tokens", "input_ids": [1, 5, 6], "loss_mask": [0, 0, 0]}])
+    ds = records(
+        [
+            {"text": "short."},
+            {"text": "a much longer text that goes on and on and on and on and on"},
+            {"kind": "tokens", "input_ids": [1, 5, 6], "loss_mask": [0, 0, 0]},
+        ]
+    )
     out, st = tokenize_dataset(ds, tok, 6, "truncate", {2}, True, None)
     assert (st.truncated, st.dropped_long, st.dropped_no_loss, st.sequences) == (1, 0, 1, 2)
     assert max(len(x) for x in out["input_ids"]) == 6
