@@ -69,14 +69,14 @@ def base_fixture(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_base(tmp_path_factory.getbasetemp())
 
 
-# pytest sets an imported fixture up once per file that imports it, even a session-scoped one: keyed by the
-# session's temp dir, the ~8 s build happens once for the whole sweep
+# pytest sets an imported fixture up once per file that imports it, even one of the widest scope: keyed by the
+# test run's temp dir, the ~8 s build happens once for the whole sweep
 @functools.cache
-def build_base(session_tmp: Path) -> Path:
+def build_base(run_tmp: Path) -> Path:
     from decode.target import Target
     from drafters.serving.checkpoint import new_drafter, save_drafter
 
-    root = session_tmp / "bad_input_base"
+    root = run_tmp / "bad_input_base"
     root.mkdir()
     shutil.copytree(STORIES, root / "target")
     torch.manual_seed(0)
