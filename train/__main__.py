@@ -23,6 +23,7 @@ import torch
 
 from decode.errors import check_out_dir, run_cli
 from drafters.serving.checkpoint import drafter_kinds, save_drafter
+from drafters.trainable.target_layer import layer_type
 from train.config import load_recipe, to_dict, with_feature_ids
 from train.data.fetch import prepare
 from train.data.pipeline import Dist, prepare_data
@@ -118,6 +119,8 @@ def run(recipe) -> int:
     if state.is_main_process:
         print(line, flush=True)
     target = load_target(recipe, state.device)
+    if recipe.drafter.kind == "eagle3":  # a draft layer of a type this target's cannot give: refused before any data
+        layer_type(recipe.drafter.eagle3.draft_layer, getattr(target.config, "model_type", None))
     # 2. data: regenerated samples and (offline) features are built when missing, reused when present
     # and refused when they were made from something else — all before any training.
     recipe = with_feature_ids(recipe, target.num_layers)

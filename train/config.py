@@ -90,6 +90,10 @@ class TrainConfig:
     beta1: float = 0.9  # AdamW beta1
     beta2: float = 0.95  # AdamW beta2
     optimizer: Literal["adamw", "muon"] = "adamw"  # muon: torch.optim.Muon on the drafter's matrices, AdamW on the rest
+    loss: Literal["kl", "lk"] = "kl"  # distillation term: kl (each drafter's KL / soft CE) | lk (acceptance rate)
+    lk_variant: Literal["lambda", "alpha"] = "lambda"  # lk: lambda (λ·KL + (1-λ)·(1-α)) | alpha (-log α)
+    lk_eta: float = 3.0  # lk lambda: λ = lk_kl_scale * exp(-lk_eta * mean α), no gradient through λ (paper: 3)
+    lk_kl_scale: float = 1.0  # lk lambda: the KL weight λ at zero acceptance, in [0, 1]
     warmup_steps: int = 20  # linear warmup from 0 to lr
     schedule: Literal["cosine", "linear", "constant"] = "cosine"  # decay after warmup
     min_lr_ratio: float = 0.1  # final lr as a fraction of lr (cosine and linear)

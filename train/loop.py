@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from decode.errors import UserError
+from drafters.trainable.lk import Objective, use_objective
 from train.checkpoints import (
     drop_unfinished_checkpoints,
     load_checkpoint,
@@ -91,6 +92,7 @@ def train(
     from tqdm.auto import tqdm
 
     cfg: TrainConfig = recipe.train
+    use_objective(drafter, Objective.of(cfg))  # train.loss: what the drafter's loss method optimises
     run_dir = Path(recipe.run_dir)
     acc = make_accelerator(cfg, run_dir)
     set_seed(recipe.seed)

@@ -167,6 +167,8 @@ CHECKS: dict[str, Check] = {
     ),
     "train.num_workers": NONNEG,
     "train.threads": at_least(0, "0 = torch's default"),
+    "train.lk_eta": at_least(0.0, "how fast the KL weight decays with acceptance; 0 = a fixed blend"),
+    "train.lk_kl_scale": within(0, 1, what="the KL weight at zero acceptance"),
     # drafter.*
     "drafter.eagle3.capture_ids": each(NONNEG),
     "drafter.eagle3.draft_vocab_size": POS,
@@ -229,6 +231,11 @@ def problems(get: Callable[[str], Any]) -> list[tuple[str, str]]:
                 "train.steps >= 1, or train.eval_only=true to only evaluate the newest checkpoint",
             )
         )
+    kind = get("drafter.kind")
+    if get("train.loss") == "lk" and kind in ("medusa", "layerskip") and get(f"drafter.{kind}.loss") == "ce":
+        from drafters.trainable.lk import label_conflict
+
+        out.append(("train.loss", label_conflict(kind)))
     pack, length = get("train.pack_length"), get("data.max_length")
     if pack and length and 0 < pack < length:
         out.append(

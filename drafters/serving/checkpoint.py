@@ -282,7 +282,7 @@ def load_weights(module: nn.Module, ckpt_dir: str | os.PathLike) -> None:
     if missing or extra:
         raise ValueError(
             f"{weights}: keys do not match a {module.kind} drafter of this config "
-            f"(missing {missing[:5]}, unexpected {extra[:5]})"
+            f"(missing {missing[:5]}, unexpected {extra[:5]}){switch_hint(missing + extra, module.config)}"
         )
     bad = [f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}" for k, v in expected.items() if state[k].shape != v.shape]
     if bad:
@@ -298,6 +298,14 @@ def load_weights(module: nn.Module, ckpt_dir: str | os.PathLike) -> None:
     module.load_state_dict(state, strict=False)  # strict on everything but the LoRA adapter, checked above
     if hasattr(module, "lora"):
         module.load_adapter(path / ADAPTER_DIR)
+
+
+def switch_hint(keys: list[str], config) -> str:
+    """The config switch that adds the mismatched keys (EAGLE-3.1's fc_norm), so the error names what disagrees."""
+    if not any(k.startswith("fc_norm.") for k in keys):
+        return ""
+    said = str(getattr(config, "fc_norm", False)).lower()
+    return f": config.json says fc_norm={said} and the weights say otherwise; re-export the drafter (or retrain it)"
 
 
 def in_target_dtype(module: nn.Module, target: Target) -> nn.Module:

@@ -185,7 +185,7 @@ def diagnose(drafter_dir: str | Path, target: str) -> Report:
     if fmt is None:
         raise ValueError(
             f"{path}/config.json is in no layout draftsmith knows (a native checkpoint, "
-            "LlamaForCausalLMEagle3, Eagle3Speculator or MedusaModel)"
+            "LlamaForCausalLMEagle3, Eagle3Qwen3ForCausalLM, Eagle3Speculator or MedusaModel)"
         )
     config = target_config(target)
     facts = TargetFacts.of(config.to_dict(), target)

@@ -21,7 +21,7 @@ from torch import Tensor
 from decode.errors import load_safetensors, read_json
 from decode.target import Target
 from drafters.serving.checkpoint import in_target_dtype, load_drafter, read_meta
-from drafters.serving.layouts.formats import LAYER_PREFIX, detect_format, problems
+from drafters.serving.layouts.formats import LAYER_PREFIX, LAYOUTS, detect_format, problems
 from drafters.serving.layouts.rules import SHARED_EMBEDDING, TargetFacts, capture_ids_hf, unnamed_ids_warning
 
 
@@ -126,7 +126,13 @@ def load_eagle3(path: Path, target: Target):
     module = Eagle3(
         target,
         Eagle3Config(
-            capture_ids=tuple(ids), draft_vocab_size=state["d2t"].numel(), intermediate_size=layer["intermediate_size"]
+            capture_ids=tuple(ids),
+            draft_vocab_size=state["d2t"].numel(),
+            intermediate_size=layer["intermediate_size"],
+            fc_norm=bool(cfg.get("fc_norm", False)),  # EAGLE-3.1, top-level in both layouts (as vLLM reads them)
+            norm_output=bool(cfg.get("norm_output", False)),
+            # a Qwen3 (QK-norm) layer passed problems() only on a Qwen3 target, whose own layer type it is
+            draft_layer="llama" if LAYOUTS[fmt].layer_type(cfg) == "llama" else "target",
         ),
     )
     module.load_state_dict(state)  # strict: problems() already matched every key and shape
@@ -136,6 +142,8 @@ def load_eagle3(path: Path, target: Target):
         module.midlayer.input_layernorm,
         module.midlayer.hidden_norm,
         module.midlayer.post_attention_layernorm,
+        *(module.fc_norm or ()),
+        *(m for name, m in module.midlayer.self_attn.named_children() if name in ("q_norm", "k_norm")),
     ):
         norm.eps = eps  # the drafter's own epsilon (the module defaults to the target's)
     return module.eval()

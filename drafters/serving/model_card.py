@@ -17,7 +17,7 @@ import yaml
 # What each format is, in a phrase, and the Hub `library_name` of the code that loads it.
 LAYOUT_NAMES = {
     "native": "draftsmith's native checkpoint (config.json + model.safetensors)",
-    "eagle3": "the EAGLE-3 layout of SGLang and EAGLE's releases (`LlamaForCausalLMEagle3`)",
+    "eagle3": "the EAGLE-3 layout of SGLang and EAGLE's releases (`LlamaForCausalLMEagle3`; `Eagle3Qwen3ForCausalLM` for a Qwen3 draft layer)",
     "speculators": "the speculators layout vLLM loads (`Eagle3Speculator`)",
     "medusa-vllm": "vLLM's Medusa layout (`MedusaModel`)",
 }

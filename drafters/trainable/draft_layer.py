@@ -132,9 +132,14 @@ class DraftAttention(nn.Module):
         q = self.q_proj(x).view(b, t, -1, d).transpose(1, 2)  # [B, h, T, d]
         k = self.k_proj(x).view(b, t, -1, d).transpose(1, 2)  # [B, kv, T, d]
         v = self.v_proj(x).view(b, t, -1, d).transpose(1, 2)
+        q, k = self.norm_qk(q, k)
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
         out = ctx.attend(q, k, v)  # [B, h, T, d]
         return self.o_proj(out.transpose(1, 2).reshape(b, t, -1))
+
+    def norm_qk(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        """q, k per head before rope: as they are in Llama's layer (target_layer.py's Qwen3 layer norms them)."""
+        return q, k
 
 
 class DraftMLP(nn.Module):
@@ -156,13 +161,15 @@ class DraftLayer(nn.Module):
     Returns the pre-norm output [B, T, H] (the residual stream), which EAGLE-3 feeds back as its next h.
     """
 
+    attention: type[DraftAttention] = DraftAttention  # the attention type (target_layer.py: Qwen3's QK-norm)
+
     def __init__(self, sizes: LayerSizes, fused: bool) -> None:
         super().__init__()
         self.fused = fused
         self.input_layernorm = RMSNorm(sizes.hidden, sizes.eps)
         if fused:
             self.hidden_norm = RMSNorm(sizes.hidden, sizes.eps)
-        self.self_attn = DraftAttention(sizes, 2 * sizes.hidden if fused else sizes.hidden)
+        self.self_attn = self.attention(sizes, 2 * sizes.hidden if fused else sizes.hidden)
         self.post_attention_layernorm = RMSNorm(sizes.hidden, sizes.eps)
         self.mlp = DraftMLP(sizes)
 

@@ -8,7 +8,8 @@ token's row, in a chain or a tree). The first rows of a round carry the target's
 - EAGLE-3: g_t = the target's states at the capture ids (3H) -> fc (3H -> H) -> a decoder layer whose
   q/k/v read [RMSNorm(e); RMSNorm(h)] (2H) -> RMSNorm -> its own LM head over a reduced draft
   vocabulary (`d2t`: target id = draft id + d2t[id]; `t2d`: target-vocabulary membership mask).
-  The state fed back is the layer's pre-norm output, which skips fc (SGLang's convention).
+  The state fed back is the layer's pre-norm output, which skips fc (SGLang's convention); with EAGLE-3.1's
+  `norm_output` the post-norm one (vLLM's `aux_output`).
 The target's embedding, LM head and rotary embedding are used by reference: never parameters of the
 drafter, never in its state dict. Parameter and key names follow SGLang's EAGLE-3 layout (`fc`,
 `midlayer.*`, `norm`, `lm_head`, `d2t`, `t2d`) and EAGLE-1's (`fc`, `layers.0.*`).
@@ -28,6 +29,7 @@ from torch import Tensor, nn
 
 from decode.target import Target
 from drafters.trainable.draft_layer import DraftLayer, LayerSizes, UnrollContext, causal_padding_mask, positions_of
+from drafters.trainable.lk import KL, lk_losses
 from drafters.trainable.losses import (
     ahead,
     conditional_accuracy,
@@ -77,6 +79,7 @@ class EagleBase(nn.Module):
     """What EAGLE-1 and EAGLE-3 share: the frozen target's pieces, the unroll, the eval, decoding."""
 
     kind = "eagle"
+    objective = KL  # the distillation term's objective (train.loss; lk.use_objective sets it)
 
     def __init__(self, target: Target, seed: int = 0, rank: int = 0) -> None:
         super().__init__()
@@ -209,7 +212,8 @@ class Eagle1(EagleBase):
         return ids
 
     def loss(self, batch: dict, step: int = 0) -> tuple[Tensor, dict[str, float]]:
-        """SmoothL1(f̂_t, f_{t+1}) + ce_weight * soft-CE(lm_head(f̂_t), P_{t+1}) over trained rows."""
+        """SmoothL1(f̂_t, f_{t+1}) + ce_weight * soft-CE(lm_head(f̂_t), P_{t+1}) over trained rows (with
+        train.loss=lk the LK loss in place of the soft CE; the regression stays)."""
         L = self.target.num_layers
         argmax = teacher_argmax(batch, self.target.lm_head, L)
         (f_hat,) = self.unroll_states(batch, 1, self.noise_generator(step))
@@ -219,13 +223,19 @@ class Eagle1(EagleBase):
         f_rows = f_hat[b, t][None]  # [1, M, H]
         reg = masked_mean(smooth_l1(f_rows, batch["hidden"][L][b, t + 1][None].to(f_hat.dtype)), every)
         logits = self.head(f_rows)  # [1, M, V]
-        (ce_rows,) = distill_rows([logits], [0], gather_rows(batch, b, t + 1, L), self.target.lm_head, L, "soft_ce")
-        ce = masked_mean(ce_rows, every)
+        taught = gather_rows(batch, b, t + 1, L)
+        if self.objective.lk:  # the acceptance rate of lm_head(f̂_t) against P_{t+1} (drafters/trainable/lk.py)
+            (ce,), (alpha,) = lk_losses([logits], [every], taught, self.target.lm_head, L, self.objective)
+            extra = {"lk_1": float(ce.detach()), "alpha_1": float(alpha)}
+        else:
+            (ce_rows,) = distill_rows([logits], [0], taught, self.target.lm_head, L, "soft_ce")
+            ce = masked_mean(ce_rows, every)
+            extra = {"ce_1": float(ce.detach())}
         acc = masked_mean((logits.argmax(-1) == argmax[b, t + 1][None]).float(), every)
         total = reg + self.config.ce_weight * ce
         return total, {
             "loss": float(total.detach()),
             "regression": float(reg.detach()),
-            "ce_1": float(ce.detach()),
+            **extra,
             "acc_1": float(acc.detach()),
         }

@@ -1,6 +1,9 @@
 """EAGLE-3 on a frozen target: low/mid/high capture ids fused by fc, a draft layer over [RMSNorm(e); RMSNorm(h)],
 its own LM head over a reduced draft vocabulary, trained with training-time test (DESIGN §4).
 
+EAGLE-3.1's switches, as vLLM 0.32's llama_eagle3.py computes them: `fc_norm` (an RMSNorm per captured state
+before fc) and `norm_output` (`advance` hands the post-norm state on, and `head` reads it without a second norm).
+
 The rows, the unroll and decoding it shares with EAGLE-1 live in drafters/trainable/eagle.py (`EagleBase`).
 """
 
@@ -13,8 +16,9 @@ import torch
 from torch import Tensor, nn
 
 from decode.target import Target
-from drafters.trainable.draft_layer import DraftLayer, LayerSizes, RMSNorm
+from drafters.trainable.draft_layer import LayerSizes, RMSNorm
 from drafters.trainable.eagle import EagleBase
+from drafters.trainable.lk import lk_losses
 from drafters.trainable.losses import (
     distill_rows,
     gather_rows,
@@ -25,6 +29,7 @@ from drafters.trainable.losses import (
     teacher_argmax,
 )
 from drafters.trainable.noise import check_noise
+from drafters.trainable.target_layer import check_draft_layer, eagle3_layer
 
 
 def default_capture_ids(num_layers: int) -> tuple[int, ...]:
@@ -65,9 +70,15 @@ class Eagle3Config:
     noise: Literal["none", "gaussian", "uniform", "relative"] = "none"  # noise on the capture states, training only
     noise_std: float = 0.05  # gaussian: std; uniform: half-width; relative: x*(1+N(0,std²)); speculators: gaussian 0.05
     freeze_head: bool = False  # LM head rows and final norm stay the target's copies, frozen (speculators)
+    fc_norm: bool = False  # EAGLE-3.1: an RMSNorm on each captured state before fc (vLLM `fc_norm.{i}`)
+    norm_output: bool = False  # EAGLE-3.1: the state fed to the next step is post-norm, not pre-norm
+    # the draft layer's type: llama = EAGLE-3's Llama layer; target = the target's own (a Qwen3 target's adds
+    # QK-norm; a Llama/Mistral target's is llama), drafters/trainable/target_layer.py
+    draft_layer: Literal["llama", "target"] = "llama"
 
     def __post_init__(self) -> None:
         check_noise(self.noise, self.noise_std)
+        check_draft_layer(self.draft_layer)
         if not self.step_decay >= 0:
             raise ValueError(f"step_decay must be >= 0, got {self.step_decay}")
 
@@ -119,7 +130,9 @@ class Eagle3(EagleBase):
         d2t, t2d = build_draft_vocab(token_counts, n)
         with torch.device(target.device):
             self.fc = nn.Linear(len(cfg.capture_ids) * H, H, bias=False)
-            self.midlayer = DraftLayer(sizes, fused=True)
+            # one norm per capture id (its own scale: a low layer's states are far smaller than a high one's)
+            self.fc_norm = nn.ModuleList(RMSNorm(H, sizes.eps) for _ in cfg.capture_ids) if cfg.fc_norm else None
+            self.midlayer = eagle3_layer(sizes, cfg.draft_layer, getattr(target.config, "model_type", None))
             self.norm = RMSNorm(H, sizes.eps)
             self.lm_head = nn.Linear(H, n, bias=False)
         self.register_buffer("d2t", d2t.to(target.device))
@@ -142,18 +155,24 @@ class Eagle3(EagleBase):
         return tuple(self.config.capture_ids)
 
     def project(self, hidden: dict[int, Tensor]) -> Tensor:
-        """fc over the concatenated capture states. {id: [.., H]} -> [.., H]"""
-        g = torch.cat([hidden[i].to(self.dtype) for i in self.config.capture_ids], dim=-1)
-        return self.fc(g)
+        """fc over the concatenated capture states (fc_norm: each normed first, as vLLM's combine_hidden_states
+        norms each H-wide chunk). {id: [.., H]} -> [.., H]"""
+        parts = [hidden[i].to(self.dtype) for i in self.config.capture_ids]  # each [.., H]
+        if self.fc_norm is not None:
+            parts = [norm(p) for norm, p in zip(self.fc_norm, parts)]
+        return self.fc(torch.cat(parts, dim=-1))
 
     def advance(self, x: Tensor, emb: Tensor, positions: Tensor, ctx) -> Tensor:
-        """The draft layer: x, emb [B, T, H] at positions [B, T] -> pre-norm state [B, T, H] (fed back)."""
+        """The draft layer: x, emb [B, T, H] at positions [B, T] -> the state fed back [B, T, H]: the pre-norm
+        output, or with norm_output the post-norm one (vLLM: `hidden_states if norm_output else hidden_prenorm`).
+        The unroll and the decoder both feed back what this returns, so training and decoding agree."""
         cos, sin = self.target.rotary_emb(x, positions)
-        return self.midlayer(x, cos, sin, ctx, emb)
+        out = self.midlayer(x, cos, sin, ctx, emb)
+        return self.norm(out) if self.config.norm_output else out
 
     def head(self, h: Tensor) -> Tensor:
-        """Draft-vocabulary logits of states. [.., H] -> [.., N]"""
-        return self.lm_head(self.norm(h))
+        """Draft-vocabulary logits of states from `advance`. [.., H] -> [.., N]"""
+        return self.lm_head(h if self.config.norm_output else self.norm(h))  # norm_output: h is normed already
 
     def step_vocab(self) -> Tensor | None:
         """Target id of each logit column [N] for decode.tree.grow; None when the draft vocabulary is the
@@ -164,7 +183,8 @@ class Eagle3(EagleBase):
         return draft + self.d2t[draft]
 
     def loss(self, batch: dict, step: int = 0) -> tuple[Tensor, dict[str, float]]:
-        """Training-time test: sum_k decay^k soft-CE(step k, P restricted to the draft vocabulary).
+        """Training-time test: sum_k decay^k soft-CE(step k, P restricted to the draft vocabulary), or with
+        train.loss=lk each step's LK loss (drafters/trainable/lk.py).
 
         Rows whose target argmax lies outside the draft vocabulary are skipped (SpecForge does the same):
         the drafter cannot propose that token, so the row only teaches it a distorted distribution.
@@ -184,13 +204,14 @@ class Eagle3(EagleBase):
             logits.append(self.head(h[b, src.clamp(min=0)])[None])  # [1, M, N]
         # 2. step k against P_t' restricted to the draft vocabulary (softmax over it = renormalised), the
         #    teacher built once per chunk of rows for all steps
-        rows = distill_rows(
-            logits, [0] * len(logits), gather_rows(batch, b, t, L), self.target.lm_head, L, "soft_ce", self.draft_ids
-        )
+        taught, lm_head, obj = gather_rows(batch, b, t, L), self.target.lm_head, self.objective
+        if obj.lk:  # α reads P's own probabilities of the draft vocabulary, its KL term the renormalised ones
+            losses, alphas = lk_losses(logits, present, taught, lm_head, L, obj, self.draft_ids)
+        else:
+            rows = distill_rows(logits, [0] * len(logits), taught, lm_head, L, "soft_ce", self.draft_ids)
+            losses, alphas = [masked_mean(ce, v) for ce, v in zip(rows, present)], []
         want = argmax[b, t][None]  # [1, M]
-        losses, accs = [], []
-        for lg, ce, v in zip(logits, rows, present):
-            losses.append(masked_mean(ce, v))
-            accs.append(masked_mean((self.to_target(lg.argmax(-1)) == want).float(), v))
+        accs = [masked_mean((self.to_target(lg.argmax(-1)) == want).float(), v) for lg, v in zip(logits, present)]
         total = sum(w * lo for w, lo in zip(step_weights(len(losses), self.config.step_decay), losses))
-        return total, {"loss": float(total.detach()), **loss_metrics("ce", losses), **loss_metrics("acc", accs)}
+        terms = {**loss_metrics("lk" if obj.lk else "ce", losses), **loss_metrics("alpha", alphas)}
+        return total, {"loss": float(total.detach()), **terms, **loss_metrics("acc", accs)}

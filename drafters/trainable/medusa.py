@@ -24,6 +24,7 @@ from decode.protocol import Budget, TargetStep
 from decode.target import Target
 from decode.tree import DraftTree, Shape, grow
 from drafters.common import sampler
+from drafters.trainable.lk import KL, lk_losses
 from drafters.trainable.losses import (
     ahead,
     conditional_accuracy,
@@ -97,6 +98,7 @@ class Medusa(nn.Module):
     """K Medusa heads over a frozen target; `module(batch, step)` is the training loss."""
 
     kind = "medusa"
+    objective = KL  # the distillation term's objective (train.loss; lk.use_objective sets it)
 
     def __init__(self, target: Target, config: MedusaConfig | None = None) -> None:
         super().__init__()
@@ -142,7 +144,8 @@ class Medusa(nn.Module):
         return self.loss(batch, step)
 
     def loss(self, batch: dict, step: int = 0) -> tuple[Tensor, dict[str, float]]:
-        """sum_k decay^k loss_k; head k at row t: CE vs x_{t+k+2}, or KL to the target's P_{t+k+1}."""
+        """sum_k decay^k loss_k; head k at row t: CE vs x_{t+k+2}, or KL to the target's P_{t+k+1} (with
+        train.loss=lk the LK loss against P_{t+k+1}; lk.use_objective refuses it with loss=ce)."""
         L = self.target.num_layers
         argmax = teacher_argmax(batch, self.target.lm_head, L)
         # Only rows with a loss go through the heads (in chat data 54% of a padded batch are prompt and
@@ -154,20 +157,23 @@ class Medusa(nn.Module):
             src = t - (k + 1)
             present.append((src >= 0)[None])  # [1, M]
             heads.append(self.one_head(block, lm_head, h[b, src.clamp(min=0)])[None])  # [1, M, V]
-        if self.config.loss == "ce":  # against the next token x_{t'+1}
+        alphas = []
+        if self.objective.lk:  # the acceptance rate against P_t' (drafters/trainable/lk.py)
+            taught = gather_rows(batch, b, t, L)
+            losses, alphas = lk_losses(heads, present, taught, self.target.lm_head, L, self.objective)
+        elif self.config.loss == "ce":  # against the next token x_{t'+1}
             label = batch["input_ids"][b, t + 1][None]
-            rows = [hard_ce(logits, label) for logits in heads]
+            losses = [masked_mean(hard_ce(logits, label), v) for logits, v in zip(heads, present)]
         else:  # against P_t', built a chunk of rows at a time
             rows = distill_rows(heads, [0] * len(heads), gather_rows(batch, b, t, L), self.target.lm_head, L, "kl")
+            losses = [masked_mean(per_row, v) for per_row, v in zip(rows, present)]
         want = argmax[b, t][None]
-        losses, accs = [], []
-        for logits, per_row, v in zip(heads, rows, present):
-            losses.append(masked_mean(per_row, v))
-            accs.append(masked_mean((logits.argmax(-1) == want).float(), v))
+        accs = [masked_mean((logits.argmax(-1) == want).float(), v) for logits, v in zip(heads, present)]
         total = sum(w * lo for w, lo in zip(step_weights(len(losses), self.config.step_decay), losses))
         return total, {
             "loss": float(total.detach()),
-            **loss_metrics(self.config.loss, losses),
+            **loss_metrics("lk" if self.objective.lk else self.config.loss, losses),
+            **loss_metrics("alpha", alphas),
             **loss_metrics("acc", accs),
         }
 

@@ -68,7 +68,7 @@ def record_rounds(drafter) -> list:
     return rounds
 
 
-KINDS = ["eagle1", "eagle3", "medusa", "layerskip", "layerskip-lora", "layerskip-full"]
+KINDS = ["eagle1", "eagle3", "eagle3-norms", "eagle3-target", "medusa", "layerskip", "layerskip-lora", "layerskip-full"]
 
 
 def build(kind: str, target: Target, seed: int = 0):
@@ -85,6 +85,23 @@ def build(kind: str, target: Target, seed: int = 0):
     if kind == "eagle3":
         counts = torch.randint(0, 100, (target.vocab_size,))
         return Eagle3(target, Eagle3Config(draft_vocab_size=target.vocab_size // 2, ttt_steps=3), token_counts=counts)
+    if kind == "eagle3-norms":  # EAGLE-3.1's fc_norm and norm_output, the norms' weights moved off their ones
+        counts = torch.randint(0, 100, (target.vocab_size,))
+        cfg = Eagle3Config(draft_vocab_size=target.vocab_size // 2, ttt_steps=3, fc_norm=True, norm_output=True)
+        m = Eagle3(target, cfg, token_counts=counts)
+        with torch.no_grad():
+            for norm in m.fc_norm:
+                norm.weight.uniform_(0.5, 1.5)
+        return m
+    if kind == "eagle3-target":  # the target's own layer type: a Qwen3 target's QK-norm, its weights off their ones
+        counts = torch.randint(0, 100, (target.vocab_size,))
+        cfg = Eagle3Config(draft_vocab_size=target.vocab_size // 2, ttt_steps=3, draft_layer="target")
+        m = Eagle3(target, cfg, token_counts=counts)
+        with torch.no_grad():
+            for name, p in m.midlayer.self_attn.named_parameters():
+                if name.endswith("_norm.weight"):
+                    p.uniform_(0.5, 1.5)
+        return m
     if kind == "medusa":
         return Medusa(target, MedusaConfig(num_heads=3, num_layers=2))
     if kind == "layerskip":

@@ -83,6 +83,41 @@ def drafter_tensor_wrong_dtype(tmp, base):
     ), r"d/model\.safetensors: tensors of the wrong kind of dtype .*fc\.weight torch\.int32"
 
 
+def native_eagle3(tmp, base, **config):
+    """A native EAGLE-3 checkpoint on the shared target (the shared inputs hold an EAGLE-1 one)."""
+    from decode.target import Target
+    from drafters.serving.checkpoint import new_drafter, save_drafter
+
+    m = new_drafter("eagle3", Target.load(base / "target"), {"draft_vocab_size": 64, **config})
+    return save_drafter(m, tmp / "d", target_id=str(base / "target"))
+
+
+@case
+def drafter_config_fc_norm_without_weights(tmp, base):
+    d = native_eagle3(tmp, base)
+    rewrite_json(d / "config.json", lambda m: m["config"].update(fc_norm=True))
+    return gen(base, drafter=str(d)), (
+        r"d/model\.safetensors: keys do not match a eagle3 drafter of this config \(missing \['fc_norm\.0\.weight'.*"
+        r"config\.json says fc_norm=true and the weights say otherwise; re-export the drafter"
+    )
+
+
+@case
+def drafter_config_norm_output_not_a_boolean(tmp, base):
+    d = native_eagle3(tmp, base)
+    rewrite_json(d / "config.json", lambda m: m["config"].update(norm_output="yes"))
+    return gen(base, drafter=str(d)), r"d/config\.json: Eagle3Config: norm_output must be true or false .*got 'yes'"
+
+
+@case
+def drafter_config_draft_layer_unknown(tmp, base):
+    d = native_eagle3(tmp, base)
+    rewrite_json(d / "config.json", lambda m: m["config"].update(draft_layer="qwen3"))
+    return gen(base, drafter=str(d)), (
+        r"d/config\.json: draft_layer must be one of \['llama', 'target'\], got 'qwen3'; re-export the drafter"
+    )
+
+
 @case
 def engine_drafter_index_without_weight_map(tmp, base):
     d = tmp / "d"

@@ -18,6 +18,7 @@ from tests.bad_input import (
     copy,
     lines,
     registrar,
+    rewrite_json,
     train_overrides,
     truncate,
 )
@@ -197,6 +198,19 @@ for _name, _over, _want in [
         {"train.eval_only": "maybe"},
         r"'train\.eval_only': Value 'maybe' is not a valid bool",
     ),
+    (
+        "train_loss_unknown",
+        {"train.loss": "foo"},
+        r"'train\.loss': Invalid value 'foo', expected one of \['kl', 'lk'\]; set train\.loss to one of them",
+    ),
+    ("train_lk_variant_unknown", {"train.lk_variant": "tv"}, r"'train\.lk_variant': Invalid value 'tv'"),
+    ("train_lk_eta_negative", {"train.lk_eta": "-1"}, r"train\.lk_eta=-1\.0: must be a number >= 0\.0"),
+    ("train_lk_kl_scale_2", {"train.lk_kl_scale": "2"}, r"train\.lk_kl_scale=2\.0: must be in \[0, 1\]"),
+    (
+        "train_loss_lk_with_token_labels",
+        {"drafter.kind": "medusa", "train.loss": "lk"},
+        r"train\.loss=lk trains on the target's .*drafter\.medusa\.loss=ce trains on token labels.*set drafter\.medusa\.loss=kl",
+    ),
     # data.*
     ("data_max_length_1", {"data.max_length": "1"}, r"data\.max_length=1: must be an integer >= 2"),
     ("data_held_out_1", {"data.held_out": "1"}, r"data\.held_out=1\.0: must be in \[0, 1\)"),
@@ -261,6 +275,23 @@ for _name, _over, _want in [
     ),
     ("layerskip_exits_0", {"drafter.layerskip.exits": "[0, 2]"}, r"drafter\.layerskip\.exits=\[0, 2\]: must be a list"),
     ("drafter_kind_unknown", {"drafter.kind": "hydra"}, r"'drafter\.kind': Invalid value 'hydra'"),
+    # EAGLE-3.1's norms belong to EAGLE-3's fc: a drafter without one has no such key
+    ("medusa_fc_norm_unknown", {"drafter.medusa.fc_norm": "true"}, r"unknown key 'drafter\.medusa\.fc_norm'"),
+    (
+        "layerskip_norm_output_unknown",
+        {"drafter.layerskip.norm_output": "true"},
+        r"unknown key 'drafter\.layerskip\.norm_output'",
+    ),
+    (
+        "eagle3_fc_norm_not_a_bool",
+        {"drafter.eagle3.fc_norm": "maybe"},
+        r"'drafter\.eagle3\.fc_norm': Value 'maybe' is not",
+    ),
+    (
+        "eagle3_draft_layer_unknown",
+        {"drafter.eagle3.draft_layer": "foo"},
+        r"'drafter\.eagle3\.draft_layer': Invalid value 'foo', expected one of \['llama', 'target'\]",
+    ),
     ("seed_negative", {"seed": "-1"}, r"seed=-1: must be an integer >= 0"),
     # the same checks under `draftsmith features`
     ("features_cmd_batch_size_0", {"features.batch_size": "0"}, r"features\.batch_size=0: must be an integer >= 1"),
@@ -279,6 +310,19 @@ def recipe_setting_out_of_range(tmp, base):
     return train(
         tmp, base, yaml=f"target: {base / 'target'}\ntrain:\n  grad_accum: 0\n", **{"train.grad_accum": None}
     ), r"r\.yaml: train\.grad_accum=0: must be an integer >= 1"
+
+
+@case
+def eagle3_target_layer_on_a_qwen2_target(tmp, base):
+    """`draft_layer: target` on a target whose layer type the draft layer cannot be (Qwen2: q/k/v biases):
+    refused as soon as the target is loaded, before any data or feature is built."""
+    t = copy(base / "target", tmp / "qwen2")
+    rewrite_json(t / "config.json", lambda d: d.update(model_type="qwen2", architectures=["Qwen2ForCausalLM"]))
+    over = {"target": str(t), "drafter.kind": "eagle3", "drafter.eagle3.draft_layer": "target"}
+    return train(tmp, base, **over), (
+        r"drafter\.eagle3\.draft_layer=target: draftsmith cannot build the decoder layer of a 'qwen2' target "
+        r"\(it builds those of llama, mistral, qwen3 targets\); set drafter\.eagle3\.draft_layer=llama"
+    )
 
 
 # --- the sweep over this file's cases ---------------------------------------------------------

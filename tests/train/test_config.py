@@ -268,3 +268,29 @@ def test_a_section_the_drafter_never_reads_is_warned_about(tmp_path, capsys):
     warnings = [x for x in capsys.readouterr().err.splitlines() if x.startswith("warning:")]
     assert len(warnings) == 2 and all("drafter.kind is 'medusa'" in w for w in warnings)
     assert "drafter.eagle1.ce_weight" in warnings[0] and "drafter.eagle3.ttt_steps" in warnings[1]
+
+
+def test_the_lk_loss_keys_round_trip_and_are_checked(tmp_path):
+    """train.loss / lk_variant / lk_eta / lk_kl_scale: defaults, a dumped config that loads back the same, and
+    each refused with its range; lk with a drafter trained on token labels is refused before any work."""
+    from drafters.trainable.lk import Objective
+    from train.config import dump_config
+
+    p = write(tmp_path, "target: m\ndrafter:\n  kind: eagle3\n")
+    r = load_recipe(p)
+    assert (r.train.loss, r.train.lk_variant, r.train.lk_eta, r.train.lk_kl_scale) == ("kl", "lambda", 3.0, 1.0)
+    r = load_recipe(p, ["train.loss=lk", "train.lk_variant=alpha", "train.lk_eta=2", "train.lk_kl_scale=0.5"])
+    assert Objective.of(r.train) == Objective("lk", "alpha", 2.0, 0.5)
+    dump_config(r, tmp_path / "run" / "config.yaml")
+    assert load_recipe(tmp_path / "run" / "config.yaml").train == r.train
+    with pytest.raises(ConfigError, match=r"'train.loss': Invalid value 'foo', expected one of \['kl', 'lk'\]"):
+        load_recipe(p, ["train.loss=foo"])
+    with pytest.raises(ConfigError, match=r"'train.lk_variant': Invalid value 'tv'"):
+        load_recipe(p, ["train.lk_variant=tv"])
+    with pytest.raises(ConfigError, match=r"train.lk_eta=-1.0: must be a number >= 0.0"):
+        load_recipe(p, ["train.lk_eta=-1"])
+    with pytest.raises(ConfigError, match=r"train.lk_kl_scale=1.5: must be in \[0, 1\]"):
+        load_recipe(p, ["train.lk_kl_scale=1.5"])
+    with pytest.raises(ConfigError, match=r"override 'train.loss=lk': .*drafter.medusa.loss=ce trains on token labels"):
+        load_recipe(p, ["drafter.kind=medusa", "train.loss=lk"])
+    assert load_recipe(p, ["drafter.kind=medusa", "drafter.medusa.loss=kl", "train.loss=lk"]).train.loss == "lk"

@@ -74,6 +74,17 @@ def test_bad_recipes_fail_before_work(tmp_path, regen):
         run(tmp_path, recipe_overrides(regen, tmp_path / "r", "medusa") + [f"target={tmp_path / 'nope'}"])
 
 
+def test_the_lk_loss_reaches_the_drafter_through_the_loop(tmp_path, regen):
+    """train.loss=lk: the loop hands the objective to the drafter, whose rows log each step's LK loss and its
+    acceptance α (EAGLE-3's reduced draft vocabulary: α against the target's own probabilities)."""
+    ov = recipe_overrides(regen, tmp_path / "run", "eagle3", steps=3, loss="lk", sim_eval_prompts=0)
+    rows = [json.loads(x) for x in (run(tmp_path, ov) / "metrics.jsonl").read_text().splitlines()]
+    trained = [r for r in rows if "loss" in r]
+    assert [r["step"] for r in trained] == [1, 2, 3] and all(torch.isfinite(torch.tensor(r["loss"])) for r in trained)
+    for r, k in ((r, k) for r in trained for k in (1, 2)):
+        assert 0.0 < r[f"train/alpha_{k}"] <= 1.0 and f"train/lk_{k}" in r and f"train/ce_{k}" not in r, r
+
+
 @pytest.mark.parametrize("first", ["no", "bf16"])
 def test_bf16_autocast_keeps_fp32_weights_and_optimizer_state(tmp_path, first):
     """train.mixed_precision=bf16: the drafter's forward runs in bf16 under autocast while its weights,

@@ -33,6 +33,16 @@ STEPS, ACCUM, SAVE_EVERY, MICRO_PER_EPOCH = 8, 2, 2, 5
 KINDS = {  # id -> (drafter overrides, features mode): offline and online both covered
     "eagle1": (["drafter.kind=eagle1", "drafter.eagle1.feature_noise=0.2"], "offline"),
     "eagle3": (["drafter.kind=eagle3", "drafter.eagle3.ttt_steps=2", "drafter.eagle3.draft_vocab_size=128"], "online"),
+    "eagle3_norms": (  # EAGLE-3.1's fc_norm and norm_output
+        [
+            "drafter.kind=eagle3",
+            "drafter.eagle3.ttt_steps=2",
+            "drafter.eagle3.draft_vocab_size=128",
+            "drafter.eagle3.fc_norm=true",
+            "drafter.eagle3.norm_output=true",
+        ],
+        "offline",
+    ),
     "medusa": (["drafter.kind=medusa", "drafter.medusa.num_heads=2"], "offline"),
     "layerskip_exits": (["drafter.kind=layerskip", "drafter.layerskip.curriculum=rotational"], "offline"),
     "layerskip_lora": (

@@ -1,6 +1,11 @@
 """The one Llama decoder layer both EAGLE-3 layouts carry (SGLang's under `midlayer.`, speculators' under
 `layers.0.`): its config, where its keys come from, the shapes an engine builds from that config, and the
-checks of that config against the target. The two layout files add their own envelope around it."""
+checks of that config against the target. The two layout files add their own envelope around it.
+
+The layer is Llama's, or with `draft_layer: target` on a Qwen3 target Qwen3's: Llama's plus QK-norm
+(`self_attn.{q,k}_norm.weight` [head_dim], drafters/trainable/target_layer.py). vLLM 0.32 builds that one from
+qwen3_eagle3.py: registry.py maps `Eagle3Qwen3ForCausalLM` there (the SGLang layout names it in architectures),
+and speculators' converter picks it for a layer config of model_type qwen3 (configs/speculators/algos.py)."""
 
 from __future__ import annotations
 
@@ -13,9 +18,11 @@ from drafters.serving.layouts.rules import (
     Problem,
     TargetFacts,
     capture_problems,
+    fc_column_order,
     full_draft_vocab,
     rope_settings,
 )
+from drafters.trainable.target_layer import LAYER_TYPES, layer_type
 
 # Config fields of the layer the engines read to build it (each layout requires them where it keeps the layer).
 LAYER_FIELDS = (
@@ -37,9 +44,10 @@ NATIVE_PREFIX = "midlayer."  # where a native EAGLE-3 checkpoint keeps its layer
 
 
 def layer_config(meta: dict, t: TargetFacts) -> dict:
-    """The Llama decoder-layer config of an EAGLE-3 drafter on target t (the target's attention and rope)."""
+    """The decoder-layer config of an EAGLE-3 drafter on target t (the target's attention and rope); model_type
+    llama, or qwen3 for a Qwen3 target's own layer (`draft_layer: target`)."""
     return {
-        "model_type": "llama",
+        "model_type": layer_type(meta["config"].get("draft_layer", "llama"), t.model_type),
         "hidden_size": t.hidden,
         "intermediate_size": meta["config"].get("intermediate_size") or t.intermediate,
         "num_hidden_layers": 1,
@@ -70,16 +78,35 @@ def plan_keys(
     sources = {
         k.replace(NATIVE_PREFIX, prefix, 1): k for k in native_keys if not (full_vocab and k in DRAFT_VOCAB_KEYS)
     }
+    sources.update(fc_norm_sources([int(i) for i in meta["capture_ids"]], native_keys))
     if with_embeddings:
         sources[SHARED_EMBEDDING] = TARGET_EMBED
     return ids, sources
 
 
+def fc_norm_sources(ids: list[int], native_keys: list[str]) -> dict[str, str]:
+    """{exported fc_norm key: native key}: each capture id's norm follows its block of fc into ascending order
+    (the exporter permutes fc by fc_column_order), so engines norm each captured state with its own weight."""
+    order = fc_column_order(ids) or list(range(len(ids)))
+    return {
+        f"fc_norm.{new}.weight": f"fc_norm.{old}.weight"
+        for new, old in enumerate(order)
+        if f"fc_norm.{old}.weight" in native_keys
+    }
+
+
+def norm_fields(meta: dict) -> dict:
+    """EAGLE-3.1's switches as vLLM reads them (top-level `fc_norm`, `norm_output`; speculators' converter copies
+    them from the top level too), written only when set: a drafter without them exports as before."""
+    cfg = meta["config"]
+    return {k: True for k in ("fc_norm", "norm_output") if cfg.get(k)}
+
+
 def expected_shapes(
-    layer: dict, ids: list[int] | None, draft_vocab: int | None, prefix: str
+    layer: dict, ids: list[int] | None, draft_vocab: int | None, prefix: str, fc_norm: bool = False, kind: str = "llama"
 ) -> dict[str, tuple[int, ...]]:
-    """{key: shape} an engine builds for this layer config (missing fields read as 0), with fc, norm, lm_head
-    and, for a reduced draft vocabulary, d2t/t2d."""
+    """{key: shape} an engine builds for this layer config (missing fields read as 0), with fc, norm, lm_head,
+    fc_norm.{i} per capture id when the config sets fc_norm and, for a reduced draft vocabulary, d2t/t2d."""
     H, V = layer.get("hidden_size", 0), layer.get("vocab_size", 0)
     heads = layer.get("num_attention_heads", 0)
     d = layer.get("head_dim") or (H // heads if heads else 0)
@@ -97,16 +124,23 @@ def expected_shapes(
         "hidden_norm.weight": (H,),
         "post_attention_layernorm.weight": (H,),
     }
+    if kind == "qwen3":  # vLLM's Qwen3Attention: RMSNorm(head_dim) on q and on k
+        shapes.update({"self_attn.q_norm.weight": (d,), "self_attn.k_norm.weight": (d,)})
     out = {prefix + k: v for k, v in shapes.items()}
     out.update({"fc.weight": (H, len(ids or (0, 0, 0)) * H), "norm.weight": (H,), "lm_head.weight": (n, H)})
+    if fc_norm:  # vLLM: RMSNorm(target_hidden_size) per captured state, `fc_norm.{i}`
+        out.update({f"fc_norm.{i}.weight": (H,) for i in range(len(ids or (0, 0, 0)))})
     if n != V:  # a full draft vocabulary has no mapping (vLLM refuses one)
         out.update({"d2t": (n,), "t2d": (V,)})
     return out
 
 
-def problems(fmt: str, cfg: dict, layer: dict, where: str, arch: str, t: TargetFacts) -> list[Problem]:
-    """An EAGLE-3 config (`layer` = where it keeps the layer, `where` its dotted prefix for messages) against
-    the target and draftsmith's decoder: architecture, sizes, attention, rope, draft vocabulary, capture ids."""
+def problems(
+    fmt: str, cfg: dict, layer: dict, where: str, arch: str, t: TargetFacts, kind: str = "llama"
+) -> list[Problem]:
+    """An EAGLE-3 config (`layer` = where it keeps the layer, `where` its dotted prefix for messages, `kind` the
+    layer type an engine builds from it) against the target and draftsmith's decoder: architecture, layer type,
+    sizes, attention, rope, draft vocabulary, capture ids."""
     out: list[Problem] = []
 
     def need(ok: bool, what: str, fix: str, blocks: bool = True) -> None:
@@ -117,6 +151,12 @@ def problems(fmt: str, cfg: dict, layer: dict, where: str, arch: str, t: TargetF
         arch in (cfg.get("architectures") or []),
         f"architectures is {cfg.get('architectures')}, not [{arch!r}]",
         f'set "architectures": ["{arch}"] so the engine picks its EAGLE-3 model',
+    )
+    need(
+        kind == "llama" or LAYER_TYPES.get(t.model_type or "") == kind,
+        f"the draft layer is a {kind} decoder layer, the target a {t.model_type}",
+        f"draftsmith builds a {kind} draft layer (the target's own type) on a {kind} target only: use the "
+        "target it was trained for",
     )
     H, V = layer.get("hidden_size"), layer.get("vocab_size")
     need(

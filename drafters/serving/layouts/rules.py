@@ -54,6 +54,7 @@ class TargetFacts:
     eps: float
     bos: int | None
     eos: int | list[int] | None
+    model_type: str | None = None  # the decoder-layer type `draft_layer: target` builds (Qwen3: QK-norm)
 
     @staticmethod
     def of(cfg: dict, name_or_path: str | None = None) -> TargetFacts:
@@ -76,6 +77,7 @@ class TargetFacts:
             eps=float(cfg.get("rms_norm_eps", 1e-6)),
             bos=cfg.get("bos_token_id"),
             eos=cfg.get("eos_token_id"),
+            model_type=cfg.get("model_type"),
         )
 
 

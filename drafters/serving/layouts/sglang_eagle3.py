@@ -5,7 +5,9 @@ in `eagle_config.eagle_aux_hidden_state_layer_ids` in SGLang's convention (HF id
 the same layout but reads that field as HF ids, so the field is left out for the engines' shared default
 ids and otherwise written for one engine (`--engine`, recorded in `draftsmith.engine`). Keys: the layer
 under `midlayer.`, then `fc`, `norm`, `lm_head`, and `d2t`/`t2d` for a reduced draft vocabulary; no
-`embed_tokens` (unless --with-embeddings).
+`embed_tokens` (unless --with-embeddings). A Qwen3 target's own layer (`draft_layer: target`) is written under
+vLLM's name for it, `Eagle3Qwen3ForCausalLM` (model_type qwen3, and `midlayer.self_attn.{q,k}_norm.weight`);
+whether SGLang loads that name is not checked here.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from drafters.serving.layouts.eagle3_layer import LAYER_FIELDS
 from drafters.serving.layouts.rules import Problem, TargetFacts, engine_default_ids, field
 
 ARCH = "LlamaForCausalLMEagle3"
+# draft layer type -> architectures name; vLLM 0.32's registry.py maps these to llama_eagle3.py / qwen3_eagle3.py
+ARCHS = {"llama": ARCH, "qwen3": "Eagle3Qwen3ForCausalLM"}
 KINDS = ("eagle3",)  # the drafter kinds this layout holds
 LAYER_PREFIX = "midlayer."
 # Config fields the exporter must write (dotted = nested); SGLang and vLLM read these to build the model.
@@ -22,7 +26,12 @@ REQUIRED = ("architectures", *LAYER_FIELDS, "draft_vocab_size", "eagle_config.us
 
 
 def detects(cfg: dict) -> bool:
-    return ARCH in (cfg.get("architectures") or [])
+    return any(a in ARCHS.values() for a in cfg.get("architectures") or [])
+
+
+def layer_type(cfg: dict) -> str:
+    """The draft layer type an engine builds: vLLM picks its model by architecture, whatever the model_type."""
+    return "qwen3" if ARCHS["qwen3"] in (cfg.get("architectures") or []) else "llama"
 
 
 def plan(
@@ -44,10 +53,12 @@ def plan(
             f"captures the trained layers in {engine} only"
         )
         eagle["eagle_aux_hidden_state_layer_ids"] = [i - 1 for i in ids] if engine == "sglang" else ids
+    layer_config = eagle3_layer.layer_config(meta, t)
     config = {
-        "architectures": [ARCH],
-        **eagle3_layer.layer_config(meta, t),
+        "architectures": [ARCHS[layer_config["model_type"]]],
+        **layer_config,
         "draft_vocab_size": meta["draft_vocab_size"],
+        **eagle3_layer.norm_fields(meta),
         "eagle_config": eagle,
         "draftsmith": provenance,
     }
@@ -61,8 +72,10 @@ def layer(cfg: dict) -> dict:
 
 def expected_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
     ids = field(cfg, "eagle_config.eagle_aux_hidden_state_layer_ids")
-    return eagle3_layer.expected_shapes(cfg, ids, cfg.get("draft_vocab_size"), LAYER_PREFIX)
+    fc_norm = bool(cfg.get("fc_norm"))
+    return eagle3_layer.expected_shapes(cfg, ids, cfg.get("draft_vocab_size"), LAYER_PREFIX, fc_norm, layer_type(cfg))
 
 
 def problems(cfg: dict, t: TargetFacts) -> list[Problem]:
-    return eagle3_layer.problems("eagle3", cfg, cfg, "", ARCH, t)
+    kind = layer_type(cfg)
+    return eagle3_layer.problems("eagle3", cfg, cfg, "", ARCHS[kind], t, kind)

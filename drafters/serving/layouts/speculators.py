@@ -4,7 +4,9 @@ The decoder layer's Llama config nests under `transformer_layer_config`; the cap
 vLLM's convention, which is the HF one; `speculators_config` names the algorithm, the proposal method and
 the verifier (the target). Keys: the layer under `layers.0.`, then `fc`, `norm`, `lm_head`, and
 `d2t`/`t2d` for a reduced draft vocabulary. `norm_before_residual` is written false: draftsmith's draft
-layer keeps the un-normed state as the residual, and vLLM assumes true when the field is absent.
+layer keeps the un-normed state as the residual, and vLLM assumes true when the field is absent. The layer
+config's model_type picks vLLM's model (configs/speculators/algos.py: qwen3 -> Eagle3Qwen3ForCausalLM, the QK-norm
+layer of a Qwen3 target's own type, `draft_layer: target`; llama -> Eagle3LlamaForCausalLM).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ def plan(
         "transformer_layer_config": eagle3_layer.layer_config(meta, t),
         "draft_vocab_size": meta["draft_vocab_size"],
         "norm_before_residual": False,
+        **eagle3_layer.norm_fields(meta),
         "target_hidden_size": None,
         "eagle_aux_hidden_state_layer_ids": ids,
         "speculators_config": {
@@ -75,13 +78,21 @@ def layer(cfg: dict) -> dict:
     return cfg.get("transformer_layer_config") or {}
 
 
+def layer_type(cfg: dict) -> str:
+    """The draft layer type vLLM builds: its converter maps the layer config's model_type (qwen3 | llama)."""
+    return "qwen3" if layer(cfg).get("model_type") == "qwen3" else "llama"
+
+
 def expected_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
     ids = cfg.get("eagle_aux_hidden_state_layer_ids")
-    return eagle3_layer.expected_shapes(layer(cfg), ids, cfg.get("draft_vocab_size"), LAYER_PREFIX)
+    fc_norm = bool(cfg.get("fc_norm"))  # top level: vLLM's converter reads it there, not from the layer config
+    kind = layer_type(cfg)
+    return eagle3_layer.expected_shapes(layer(cfg), ids, cfg.get("draft_vocab_size"), LAYER_PREFIX, fc_norm, kind)
 
 
 def problems(cfg: dict, t: TargetFacts) -> list[Problem]:
-    out = eagle3_layer.problems("speculators", cfg, layer(cfg), "transformer_layer_config.", ARCH, t)
+    kind = layer_type(cfg)
+    out = eagle3_layer.problems("speculators", cfg, layer(cfg), "transformer_layer_config.", ARCH, t, kind)
     if cfg.get("norm_before_residual") is not False:
         out.append(
             Problem(

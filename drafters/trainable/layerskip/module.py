@@ -33,6 +33,7 @@ from drafters.trainable.layerskip.early import copy_layers, early_states
 from drafters.trainable.layerskip.heads import ExitHead, exit_logits
 from drafters.trainable.layerskip.lora import LoraAdapters
 from drafters.trainable.layerskip.objective import chain_accuracy, exit_loss
+from drafters.trainable.lk import KL
 
 
 class LayerSkip(nn.Module):
@@ -40,6 +41,7 @@ class LayerSkip(nn.Module):
     training loss."""
 
     kind = "layerskip"
+    objective = KL  # the exit loss's objective (train.loss; lk.use_objective sets it)
 
     def __init__(self, target: Target, config: LayerSkipConfig | None = None) -> None:
         super().__init__()
@@ -101,7 +103,9 @@ class LayerSkip(nn.Module):
     def loss(self, batch: dict, step: int = 0) -> tuple[Tensor, dict[str, float]]:
         """Early-exit loss over the exits the curriculum turns on (objective.exit_loss)."""
         t = self.target
-        return exit_loss(self.config, batch, step, t.lm_head, t.num_layers, self.exit_logits, self.exit_states)
+        return exit_loss(
+            self.config, batch, step, t.lm_head, t.num_layers, self.exit_logits, self.exit_states, self.objective
+        )
 
     @torch.no_grad()
     def position_accuracy(self, batch: dict, depth: int | None = None, topk: int = 1) -> list[float]:

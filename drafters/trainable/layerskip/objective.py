@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from drafters.trainable.layerskip.config import LayerSkipConfig
+from drafters.trainable.lk import KL, Objective, lk_losses
 from drafters.trainable.losses import (
     ahead,
     conditional_accuracy,
@@ -36,9 +37,11 @@ def exit_loss(
     num_layers: int,
     logits_at: ExitLogits,
     states_at: ExitStates,
+    objective: Objective = KL,
 ) -> tuple[Tensor, dict[str, float]]:
     """Sum over the exits the curriculum turns on at `step` of scale_E * loss_E (KL to the target's
-    distribution, or CE to the next token), with per-exit loss and top-1 agreement in the metrics."""
+    distribution, or CE to the next token; `objective` lk: the LK loss against the target's distribution),
+    with per-exit loss (and acceptance, lk) and top-1 agreement in the metrics."""
     valid = next_valid(batch)
     argmax = teacher_argmax(batch, lm_head, num_layers)
     on = exit_curriculum(
@@ -48,7 +51,8 @@ def exit_loss(
     # only rows with a loss go through the exit heads (prompt and padding rows have none: ~55% of a padded
     # chat batch), as one row [1, M]
     b, t = valid.nonzero(as_tuple=True)
-    taught = gather_rows(batch, b, t, num_layers) if cfg.loss == "kl" else None
+    taught = gather_rows(batch, b, t, num_layers) if cfg.loss == "kl" or objective.lk else None
+    name = "lk" if objective.lk else cfg.loss
     want = argmax[b, t][None]  # [1, M]
     every = torch.ones_like(want, dtype=torch.bool)
     total, metrics = 0.0, {}
@@ -56,15 +60,18 @@ def exit_loss(
         if not active:
             continue
         logits = logits_at(e, states_at(batch, e)[b, t][None])  # [1, M, V]
-        # KL to the target's P_t, built a chunk of rows at a time (drafters/trainable/losses.py distill_rows)
-        per_row = (
-            distill_rows([logits], [0], taught, lm_head, num_layers, "kl")[0]
-            if cfg.loss == "kl"
-            else hard_ce(logits, batch["input_ids"][b, t + 1][None])
-        )
-        loss_e = masked_mean(per_row, every)
+        if objective.lk:  # the acceptance rate against P_t (drafters/trainable/lk.py)
+            (loss_e,), (alpha,) = lk_losses([logits], [every], taught, lm_head, num_layers, objective)
+            metrics[f"alpha_exit{e}"] = float(alpha)
+        else:  # KL to the target's P_t, built a chunk of rows at a time (drafters/trainable/losses.py distill_rows)
+            per_row = (
+                distill_rows([logits], [0], taught, lm_head, num_layers, "kl")[0]
+                if cfg.loss == "kl"
+                else hard_ce(logits, batch["input_ids"][b, t + 1][None])
+            )
+            loss_e = masked_mean(per_row, every)
         total = total + scale * loss_e
-        metrics[f"{cfg.loss}_exit{e}"] = float(loss_e.detach())
+        metrics[f"{name}_exit{e}"] = float(loss_e.detach())
         metrics[f"acc_exit{e}"] = float(masked_mean((logits.argmax(-1) == want).float(), every))
     return total, {"loss": float(total.detach()), **metrics}
 

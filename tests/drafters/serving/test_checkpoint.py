@@ -37,7 +37,7 @@ def test_save_load_gives_identical_drafts(tmp_path, kind):
     assert meta["target"]["fingerprint"]["hidden_size"] == target.hidden_size
     keys = set(load_file(str(out / "model.safetensors")))
     assert keys and not any("embed_tokens" in k or k.startswith("model.") for k in keys)
-    assert "lm_head.weight" not in keys or kind == "eagle3"  # EAGLE-3's own draft-vocabulary head
+    assert "lm_head.weight" not in keys or m.kind == "eagle3"  # EAGLE-3's own draft-vocabulary head
     fresh = tiny_target("qwen3", seed=3)  # the same target weights, loaded anew
     loaded = load_drafter(out, fresh)
     for k, v in m.state_dict().items():

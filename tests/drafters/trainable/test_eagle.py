@@ -133,7 +133,7 @@ def test_padding_rows_do_not_change_real_rows(tiny):
         assert torch.allclose(a[:, :10], b[:, :10], atol=1e-5)
 
 
-@pytest.mark.parametrize("kind", ["eagle1", "eagle3"])
+@pytest.mark.parametrize("kind", ["eagle1", "eagle3", "target"])
 def test_chain_decoding_equals_training_unroll(tiny, kind):
     """Every round's greedy chain = the argmax chain of the training-time unroll at the root row.
 
@@ -141,7 +141,8 @@ def test_chain_decoding_equals_training_unroll(tiny, kind):
     causally, the row's own earlier steps), so this checks the KV bookkeeping across rounds too.
     """
     torch.manual_seed(1)
-    m = Eagle3(tiny, Eagle3Config(draft_vocab_size=96)) if kind == "eagle3" else Eagle1(tiny)
+    e3 = Eagle3Config(draft_vocab_size=96, draft_layer="target" if kind == "target" else "llama")  # target: QK-norm
+    m = Eagle1(tiny) if kind == "eagle1" else Eagle3(tiny, e3)
     drafter = m.drafter()
     rounds = record_rounds(drafter)
     prompt = torch.tensor([1, 5, 9, 33, 17, 4])
