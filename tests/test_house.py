@@ -18,8 +18,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 WORD = "sess" + "ion"  # spelled in two parts so that this file passes its own check
 PERIOD = re.compile(rf"\b{WORD}s?\b", re.IGNORECASE)
-TAG = re.compile(r"(?<![\w.-])s\d{1,3}(?![\w])")  # an s + number tag, alone or as a path part; not S506, bf16
-NAME_TAG = re.compile(r"(^|[-_/.])s\d{1,3}([-_/.]|$)")
+# an s + 2-3 digit tag, alone or as a path part; not s0 (a variable), S506 (a lint rule), bf16
+TAG = re.compile(r"(?<![\w.-])s\d{2,3}(?![\w])")
+NAME_TAG = re.compile(r"(^|[-_/.])s\d{2,3}([-_/.]|$)")
 PYTEST_SCOPE = re.compile(rf"""scope=["']{WORD}["']""")
 EXEMPT = re.compile(r"^recipes/data/.*\.jsonl$")
 
@@ -48,6 +49,7 @@ def test_the_checks_catch_what_they_are_for():
     assert offending_lines(f"python -m train r.yaml run_dir=runs/{tag}/layerskip") and offending_lines(f"({tag})")
     assert not offending_lines(f'@pytest.fixture(scope="{WORD}")') and not offending_lines("# noqa: S506")
     assert not offending_lines("dtype bf16, md5s1, a 20 s pass, sha256") and not offending_lines("start_new_" + WORD)
+    assert not offending_lines("(a0, s0), (a1, _), _ = plain.unroll(batch, 3)")
     assert NAME_TAG.search(f"curves/levers-{tag}.png") and not NAME_TAG.search("curves/2026-12-05-headline-bench80.png")
 
 
