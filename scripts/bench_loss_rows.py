@@ -29,11 +29,10 @@ import torch
 from decode.errors import missing_target
 from decode.target import Target
 from drafters.serving.checkpoint import drafter_kinds
+from drafters.trainable.layerskip.schedules import exit_curriculum, exit_loss_scales
 from drafters.trainable.losses import (
     ahead,
     distill_rows,
-    exit_curriculum,
-    exit_loss_scales,
     hard_ce,
     masked_mean,
     next_valid,

@@ -28,9 +28,10 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 from decode.target import Target
 from train.batch import collate
 from train.cache import FeatureCache
+from train.cache_key import feature_cache_dir, fingerprint
 from train.config import Recipe
 from train.data.pipeline import Dist, PreparedData, prepare_data
-from train.features import OnlineFeatures, feature_cache_dir, fingerprint
+from train.features import OnlineFeatures
 
 
 class TokenDataset(Dataset):

@@ -37,18 +37,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
 import math
 import os
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import datasets
-import numpy as np
 import torch
 from torch import Tensor
 from tqdm import tqdm
@@ -59,10 +56,11 @@ from decode.precision import bf16_reason, resolve_dtype
 from decode.target import Target
 from train.batch import collate
 from train.cache import CacheError, FeatureCache, check_existing, shard_name, write_index, write_shard
+from train.cache_key import feature_cache_dir, fingerprint
 from train.config import FeaturesConfig, Recipe, dump_config, load_recipe, with_feature_ids
 from train.data.fetch import prepare
 from train.data.home import use
-from train.data.identity import digest, keyed_dir, target_identity
+from train.data.identity import digest
 from train.data.pipeline import Dist, PreparedData, prepare_data
 from train.data.regen import drop_strays, write_text_atomically
 
@@ -160,33 +158,6 @@ def resolve_precision(recipe: Recipe, device: str | torch.device = "cpu") -> tup
     return recipe, line
 
 
-def data_digest(*parts: datasets.Dataset) -> str:
-    """sha256 of every sequence's ids and loss mask, in order (what the cache's rows were computed from)."""
-    h = hashlib.sha256()
-    for ds in parts:
-        for ids, mask in zip(ds["input_ids"], ds["loss_mask"]):
-            h.update(np.asarray(ids, dtype=np.int32).tobytes())
-            h.update(np.asarray(mask, dtype=np.bool_).tobytes())
-            h.update(b"|")
-        h.update(b"#")
-    return h.hexdigest()[:16]
-
-
-def fingerprint(recipe: Recipe, target: Target, data: PreparedData) -> dict[str, Any]:
-    """Everything a cached feature depends on; training recomputes it and refuses a cache that differs."""
-    fc = recipe.features
-    return {
-        "target": target_identity(target),
-        "hidden_ids": sorted(set(fc.hidden_ids)),
-        "dtype": fc.dtype,
-        "topk": fc.topk,
-        "max_length": recipe.data.max_length,
-        "data": data_digest(data.train, data.eval),
-        "n_train": len(data.train),
-        "n_eval": len(data.eval),
-    }
-
-
 # --- offline extraction -------------------------------------------------------------------------
 
 
@@ -215,11 +186,6 @@ def extract_shard(target: Target, rows: datasets.Dataset, fc: FeaturesConfig) ->
                 seq["topk_ids"], seq["topk_probs"] = feats["topk_ids"][r, :n].cpu(), feats["topk_probs"][r, :n].cpu()
             out[j] = seq
     return out
-
-
-def feature_cache_dir(recipe: Recipe, target: Target, fp: dict[str, Any]) -> Path:
-    """features.cache_dir when set, else DATA_HOME/features/<target>-<digest of the fingerprint>."""
-    return Path(recipe.features.cache_dir) if recipe.features.cache_dir else keyed_dir("features", target, fp)
 
 
 def extract(

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from decode.target import Target
 from drafters.trainable.draft_layer import causal_padding_mask
-from drafters.trainable.losses import layer_dropout_rates
+from drafters.trainable.layerskip.schedules import layer_dropout_rates
 
 
 def copy_layers(target: Target, n: int) -> nn.ModuleList:

@@ -10,13 +10,12 @@ import torch
 from torch import Tensor, nn
 
 from drafters.trainable.layerskip.config import LayerSkipConfig
+from drafters.trainable.layerskip.schedules import exit_curriculum, exit_loss_scales
 from drafters.trainable.lk import KL, Objective, lk_losses
 from drafters.trainable.losses import (
     ahead,
     conditional_accuracy,
     distill_rows,
-    exit_curriculum,
-    exit_loss_scales,
     gather_rows,
     hard_ce,
     in_topk,

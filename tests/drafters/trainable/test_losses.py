@@ -7,18 +7,20 @@ import math
 import pytest
 import torch
 
+from drafters.trainable.layerskip.schedules import (
+    exit_curriculum,
+    exit_loss_scales,
+    gradual_curriculum,
+    layer_dropout_rates,
+    rotational_curriculum,
+)
 from drafters.trainable.losses import (
     ahead,
     conditional_accuracy,
     distill_rows,
-    exit_curriculum,
-    exit_loss_scales,
-    gradual_curriculum,
     kl_to,
-    layer_dropout_rates,
     masked_mean,
     next_valid,
-    rotational_curriculum,
     simulated_chain_tau,
     soft_ce,
     step_weights,
