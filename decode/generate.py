@@ -201,6 +201,12 @@ def add_decode_args(ap: argparse.ArgumentParser) -> None:
         "float32 (bit-exact with AR) | bfloat16 | float16",
     )
     ap.add_argument("--attn", default="sdpa", help="attention implementation: sdpa | eager")
+    ap.add_argument(
+        "--runtime",
+        default="fast",
+        choices=["fast", "hf"],
+        help="fast: the target's layers as fused ops over packed weights (decode.runtime); hf: HF's own modules",
+    )
     add_offload_args(
         ap
     )  # --offload/--max-memory/--offload-dir/--device: load with decode.offload.load_target_from_args

@@ -73,18 +73,20 @@ def load_target(
     attn: str = "sdpa",
     offload: OffloadConfig | None = None,
     resident_layers: int = 0,
+    runtime: str = "fast",
 ) -> Target:
-    """Load a target with its layers placed per `offload`; `resident_layers` = K layers drafting runs (never streamed)."""
+    """Load a target with its layers placed per `offload`; `resident_layers` = K layers drafting runs (never streamed).
+    runtime: fast | hf (decode.runtime; a target with streamed layers always runs HF's modules)."""
     offload = offload or OffloadConfig()
     dtype = resolve_dtype(dtype, execution_device(offload.device), local_config(name_or_path))
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r} not one of {sorted(DTYPES)} or 'auto'")
     if offload.mode == "none" and offload.max_memory is None:
-        return Target.load(name_or_path, dtype=dtype, attn=attn, device=execution_device(offload.device))
+        return Target.load(name_or_path, runtime, dtype=dtype, attn=attn, device=execution_device(offload.device))
     # 1. plan on an empty (meta) copy of the model: sizes only, no weights read.
     placement = plan_placement(empty_model(name_or_path, dtype), offload, resident_layers, DTYPES[dtype])
     if not placement.streamed_layers:
-        target = Target.load(name_or_path, dtype=dtype, attn=attn, device=placement.device)
+        target = Target.load(name_or_path, runtime, dtype=dtype, attn=attn, device=placement.device)
         target.placement = placement
         return target
     # 2. disk: fail now, not halfway through loading, if the offload folder cannot be written.
@@ -188,7 +190,8 @@ def offload_config_from_args(args: argparse.Namespace) -> OffloadConfig:
 
 def load_target_from_args(args: argparse.Namespace, resident_layers: int = 0) -> Target:
     """The target named by --target/--dtype/--attn, placed per the offload flags (add_decode_args + add_offload_args)."""
-    return load_target(args.target, args.dtype, args.attn, offload_config_from_args(args), resident_layers)
+    runtime = getattr(args, "runtime", "fast")
+    return load_target(args.target, args.dtype, args.attn, offload_config_from_args(args), resident_layers, runtime)
 
 
 def kv_bytes_per_token(config: PretrainedConfig, dtype: torch.dtype) -> int:

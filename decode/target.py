@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from decode.kvcache import KVCache
 from decode.loading import check_layout, load_model, load_tokenizer
 from decode.masks import causal_mask
+from decode.runtime import Runtime
 
 
 @dataclass
@@ -32,11 +33,16 @@ class ForwardOut:
     last: Tensor | None = None  # [T, D] the pre-norm output of the last layer run
 
 
+RUNTIMES = ("fast", "hf")
+
+
 class Target:
     """A frozen decoder-only LM run layer by layer. State lives only in the KVCache objects it is given."""
 
-    def __init__(self, model: nn.Module, tokenizer=None) -> None:
+    def __init__(self, model: nn.Module, tokenizer=None, runtime: str = "fast") -> None:
         check_layout(model)
+        if runtime not in RUNTIMES:
+            raise ValueError(f"runtime {runtime!r} not one of {RUNTIMES}")
         inner = model.model
         self.model, self.tokenizer = model, tokenizer
         self.config = model.config
@@ -49,17 +55,19 @@ class Target:
         eos = getattr(model.generation_config, "eos_token_id", None) or self.config.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
         self.placement = None  # a decode.placement.Placement when loaded with streamed (offloaded) layers
+        # the packed runtime (decode.runtime) for gradient-free passes; None: HF's modules run every layer
+        self.runtime = Runtime(self.layers, self.norm, self.lm_head, self.config) if runtime == "fast" else None
 
     @classmethod
-    def load(cls, name_or_path: str | os.PathLike, **options: Any) -> Target:
-        """A model directory or hub id with its tokenizer (None when it has none). `options` are load_model's:
-        dtype (`auto` = resolve_dtype), attn, device, and accelerate placement (device_map, offload_folder, which
-        decode.offload.load_target builds)."""
+    def load(cls, name_or_path: str | os.PathLike, runtime: str = "fast", **options: Any) -> Target:
+        """A model directory or hub id with its tokenizer (None when it has none). `runtime`: fast | hf (see
+        decode.runtime). `options` are load_model's: dtype (`auto` = resolve_dtype), attn, device, and accelerate
+        placement (device_map, offload_folder, which decode.offload.load_target builds)."""
         try:
             tok = load_tokenizer(name_or_path)
         except (OSError, ValueError):
             tok = None
-        t = cls(load_model(name_or_path, **options), tok)
+        t = cls(load_model(name_or_path, **options), tok, runtime)
         t.name_or_path = str(name_or_path)
         return t
 
@@ -87,9 +95,16 @@ class Target:
     def embed(self, ids: Tensor) -> Tensor:
         return self.embed_tokens(ids.view(1, -1).to(self.device))  # [1, T, D]
 
+    def fast(self) -> Runtime | None:
+        """The packed runtime when it may run this pass: asked for, supported, no autograd, nothing offloaded."""
+        if self.runtime is None or self.placement is not None or torch.is_grad_enabled():
+            return None
+        return self.runtime if self.runtime.ready() else None
+
     def head(self, h: Tensor) -> Tensor:
         """Final norm + LM head on pre-norm states. [.., D] -> [.., V]"""
-        return self.lm_head(self.norm(h))
+        fast = self.fast()
+        return fast.logits(h) if fast is not None else self.lm_head(self.norm(h))
 
     def run_layers(
         self,
@@ -116,12 +131,13 @@ class Target:
         captured: dict[int, Tensor] = {}
         if start in capture and start == 0:
             captured[0] = h[0]
+        fast = self.fast() if layers is None else None
         layers = self.layers if layers is None else layers
         kwargs = dict(attention_mask=mask, position_ids=pos, cache=cache, use_cache=cache is not None)
         kwargs["position_embeddings"] = rope
         for i in range(start, end):
             if i not in skip:
-                h = layers[i](h, **kwargs)
+                h = fast.step(i, h, cache, rope, mask) if fast is not None else layers[i](h, **kwargs)
             if i + 1 in capture:
                 captured[i + 1] = (self.norm(h) if i + 1 == self.num_layers else h)[0]
         return h, captured

@@ -141,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         "reported with AR's top-2 margin); float32 for token-identical rows",
     )
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--runtime", choices=["fast", "hf"], default="fast", help="the target's runtime (decode.runtime)")
     ap.add_argument(
         "--workers",
         type=int,
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     if missing_target(args.target):
         return 2
-    target = Target.load(args.target, dtype=args.dtype)
+    target = Target.load(args.target, args.runtime, dtype=args.dtype)
     dtype = str(target.dtype).removeprefix("torch.")
     print(f"dtype: {dtype}" + (" (auto)" if args.dtype == "auto" else ""), file=sys.stderr)
     cfg = EvalConfig(max_new_tokens=args.max_new_tokens, draft_len=args.draft_len)
@@ -174,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
             convs = first_per_category(convs, args.per_category)
         if args.first_turn_only:
             convs = [Conversation(c.id, c.category, c.turns[:1]) for c in convs]
-        meta = {"target": args.target, "prompts": str(SUITES[suite]), "dtype": dtype}
+        meta = {"target": args.target, "prompts": str(SUITES[suite]), "dtype": dtype, "runtime": args.runtime}
         report = evaluate(
             target,
             runners,

@@ -1,6 +1,7 @@
 """Where a speculative round's time goes on a real target: draft, verify, commit, and the ops inside them.
 
-For each drafter SPEC, on the same chat prompts (MT-bench first turns, the chat template applied):
+For each drafter SPEC and each target runtime (--runtimes hf,fast: HF's modules before, decode.runtime's packed
+layers after), on the same chat prompts (MT-bench first turns, the chat template applied):
 1. phase split from the decoder's own clocks (GenStats): ms per round in draft / verify / commit, and
    the prefill, with the mean number of tokens a verify pass covers;
 2. the verify pass cost vs tokens (decode.costmodel's curve, after a chat-length prefix), so a tree
@@ -13,7 +14,7 @@ For each drafter SPEC, on the same chat prompts (MT-bench first turns, the chat 
    the LM head over 49k words, attention, the MLP matmuls, mask and cache bookkeeping.
 
     python scripts/profile_round.py [--target DIR] [--dtype float32|bfloat16] [--threads 1] [--limit 2]
-        [--max-new-tokens 64] [--top 12] [SPEC ...]          (default SPECs: ar early-exit:8)
+        [--max-new-tokens 64] [--top 12] [--runtimes hf,fast] [SPEC ...]     (default SPECs: ar early-exit:8)
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from decode.harness.prompts import load_prompts, render_turn
 from decode.harness.runs import EvalConfig
 from decode.metrics import GenStats
 from decode.passes import forward_tree
-from decode.target import Target
+from decode.target import RUNTIMES, Target
 from decode.tree import DraftTree
 from decode.verify import LazyRows, verify_greedy
 
@@ -130,15 +131,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", default="1,2,4,8,16,25,32,64", help="verified-token counts for the pass-cost curve")
     ap.add_argument("--prefix", type=int, default=256, help="cached tokens before the timed passes")
     ap.add_argument("--top", type=int, default=12, help="ops listed per SPEC")
+    ap.add_argument("--runtimes", default="hf,fast", help="target runtimes to compare (decode.runtime), alternated")
     args = ap.parse_args(argv)
+    if args.threads < 1:
+        ap.error("--threads must be >= 1")
+    runtimes = args.runtimes.split(",")
+    if not runtimes or any(r not in RUNTIMES for r in runtimes):
+        ap.error(f"--runtimes {args.runtimes!r}: a comma-separated list of {RUNTIMES}")
     torch.set_num_threads(args.threads)
     if missing_target(args.target):
         return 2
-    target = Target.load(args.target, dtype=args.dtype)
+    base = Target.load(args.target, runtimes[0], dtype=args.dtype)
+    targets = {r: base if r == runtimes[0] else Target(base.model, base.tokenizer, r) for r in runtimes}
     cfg = EvalConfig(max_new_tokens=args.max_new_tokens)
-    runners = [(s, make_run(s, target, cfg)) for s in args.specs]
+    runners = [(f"{s} [{r}]", make_run(s, t, cfg)) for s in args.specs for r, t in targets.items()]
     convs = load_prompts(args.prompts, args.limit)
-    prompts = [encode_prompt(target, *render_turn(target.tokenizer, c.turns, [])) for c in convs]
+    prompts = [encode_prompt(base, *render_turn(base.tokenizer, c.turns, [])) for c in convs]
     print(
         f"{args.target}, {args.dtype}, {args.threads} thread(s); {len(prompts)} prompts x {args.max_new_tokens} "
         f"new tokens, greedy, chain k={cfg.draft_len} unless @tree"
@@ -149,19 +157,27 @@ def main(argv: list[str] | None = None) -> int:
         f"\n{'ms per round':<44} {'rounds':>6} {'draft':>8} {'verify':>8} {'commit':>8} {'other':>7} "
         f"{'prefill':>8} {'tok/pass':>7} {'tau':>5} {'tok/s':>7}"
     )
-    for spec, r in runners:
+    stats: dict[str, list[GenStats]] = {spec: [] for spec, _ in runners}
+    for _, r in runners:
         r.run(prompts[0], 8, cfg.sampling, 0)
-        stats = [r.run(p, args.max_new_tokens, cfg.sampling, 0).stats for p in prompts]
-        print(phase_row(spec, stats))
+    for p in prompts:  # prompt by prompt, every row in turn: a shared machine's load hits them alike
+        for spec, r in runners:
+            stats[spec].append(r.run(p, args.max_new_tokens, cfg.sampling, 0).stats)
+    for spec, _ in runners:
+        print(phase_row(spec, stats[spec]))
     print("other: the loop's own bookkeeping (policy, stats, emit) per round; prefill: ms per prompt")
 
-    # 2. what a verify pass costs against the tokens it covers.
+    # 2. what a verify pass costs against the tokens it covers, per runtime.
     ns = tuple(int(x) for x in args.tokens.split(","))
-    curve = measure_pass_cost(target, ns, prefix=args.prefix, repeats=3)
-    print(f"\nverify pass cost after {args.prefix} cached tokens:\n{format_curve(curve)}")
+    for r, target in targets.items():
+        curve = measure_pass_cost(target, ns, prefix=args.prefix, repeats=3)
+        print(f"\n[{r}] verify pass cost after {args.prefix} cached tokens:\n{format_curve(curve)}")
+    target = targets[runtimes[-1]]
 
     # 2b. the verify step with the LM head over every row (before) vs the visited rows only (now), alternated.
-    print(f"\n{'verify step (ms), alternated':<30} {'head on all rows':>17} {'visited rows only':>18} {'saved':>6}")
+    print(
+        f"\n[{runtimes[-1]}] {'verify step (ms), alternated':<30} {'head on all rows':>17} {'visited rows only':>18} {'saved':>6}"
+    )
     for n in ns:
         full, lazy = head_ab(target, n, args.prefix)
         print(f"{n:>3} verified tokens{'':<14} {1000 * full:>17.1f} {1000 * lazy:>18.1f} {1 - lazy / full:>6.0%}")

@@ -316,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
             "prompts": args.prompts,
             "dtype": str(target.dtype).removeprefix("torch."),
             "attn": args.attn,
+            "runtime": args.runtime,
         }
         report = evaluate(target, runners, convs, cfg, args.target_pass_s, meta, run_dir=args.out, workers=args.workers)
         with writing(args.out):

@@ -43,6 +43,7 @@ class Shard:
 
     target: str  # the target's name_or_path
     dtype: str  # the parent's target dtype (float32 | bfloat16 ...)
+    runtime: str  # the parent's target runtime (fast | hf)
     specs: tuple[str, ...]  # the rows, runners[0] (AR) first, in the parent's order
     shapes: tuple[tuple[str, Shape], ...]  # every decoder row's shape in the parent (auto rows: the one it chose)
     convs: tuple[tuple[int, int, Conversation], ...]  # (c, first global turn index, conversation)
@@ -72,7 +73,7 @@ def exit_with_parent(parent: int, every_s: float = 1.0) -> None:
 def run_shard(shard: Shard) -> list[tuple[int, dict[str, list[TurnResult]]]]:
     """In a worker: load the target and the rows, warm up, decode the shard's conversations interleaved."""
     torch.set_num_threads(1)
-    target = Target.load(shard.target, dtype=shard.dtype)
+    target = Target.load(shard.target, shard.runtime, dtype=shard.dtype)
     runners = [(s, shard.make_run(s, target, shard.cfg)) for s in shard.specs]
     shapes = dict(shard.shapes)
     for spec, r in runners:
@@ -122,6 +123,7 @@ def decode_in_workers(
         Shard(
             name,
             dtype,
+            "fast" if target.runtime is not None else "hf",
             tuple(s for s, _ in runners),
             shapes,
             tuple((c, firsts[c], convs[c]) for c in range(w, len(convs), workers)),

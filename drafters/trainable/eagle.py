@@ -21,6 +21,7 @@ is the eval; `drafter()` gives the decode-time object (drafters/trainable/eagle_
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -204,6 +205,15 @@ class Eagle1(EagleBase):
     def head(self, f_hat: Tensor) -> Tensor:
         """The target's frozen LM head on f̂. [.., H] -> [.., V]"""
         return self.target.lm_head(f_hat.to(self.target.lm_head.weight.dtype))
+
+    def decode_head(self) -> Callable[[Tensor], Tensor]:
+        """head() for decoding: the target's LM head through its packed runtime when that may run."""
+
+        def head(f_hat: Tensor) -> Tensor:
+            fast = self.target.fast()
+            return fast.head(f_hat.to(self.target.dtype)) if fast is not None else self.head(f_hat)
+
+        return head
 
     def step_vocab(self) -> None:
         return None  # logits over the target's whole vocabulary

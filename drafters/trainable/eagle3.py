@@ -9,12 +9,14 @@ The rows, the unroll and decoding it shares with EAGLE-1 live in drafters/traina
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
+from decode.runtime import Packed
 from decode.target import Target
 from drafters.trainable.draft_layer import LayerSizes, RMSNorm
 from drafters.trainable.eagle import EagleBase
@@ -173,6 +175,13 @@ class Eagle3(EagleBase):
     def head(self, h: Tensor) -> Tensor:
         """Draft-vocabulary logits of states from `advance`. [.., H] -> [.., N]"""
         return self.lm_head(h if self.config.norm_output else self.norm(h))  # norm_output: h is normed already
+
+    def decode_head(self) -> Callable[[Tensor], Tensor]:
+        """head() for decoding: the same product over the LM head packed once for one-row calls
+        (decode.runtime.Packed; the draft head is wide, 16k x 576 on the chat target: stored [in, out])."""
+        with torch.no_grad():
+            packed = Packed.of([self.lm_head], keep_rows=True)
+        return lambda h: packed(h if self.config.norm_output else self.norm(h))
 
     def step_vocab(self) -> Tensor | None:
         """Target id of each logit column [N] for decode.tree.grow; None when the draft vocabulary is the

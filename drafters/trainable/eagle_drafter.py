@@ -37,6 +37,7 @@ class EagleDrafter:
         self.rows_tok: list[Tensor] = []  # and their tokens [n]
         self.vocab = module.step_vocab()  # target id of each logit column [N] (None: the whole vocabulary)
         self.vocab_size = module.target.vocab_size
+        self.head = module.decode_head()  # module.head, with its LM head packed for one-row products
 
     def begin(self, prompt_ids: Tensor, step: TargetStep) -> None:
         self.cache, self.cached = KVCache(1), 0
@@ -57,7 +58,7 @@ class EagleDrafter:
         last_only: log-probs of the last row only [1, N] (the root step: the head over a whole prompt is waste)."""
         emb = self.m.embed(tokens.view(1, -1))
         out = self.m.advance(x.unsqueeze(0), emb, positions.view(1, -1), CacheContext(self.cache, mask))[0]
-        logits = self.m.head(out[-1:] if last_only else out)
+        logits = self.head(out[-1:] if last_only else out)
         self.forward_passes += 1
         return torch.log_softmax(logits, dim=-1, dtype=torch.float32), out
 
