@@ -86,6 +86,11 @@ def tau_per_round(accepted: int, rounds: int) -> float:
 # --- 5. side by side (step 4, vLLM, is vllm_env.run_worker running vllm_worker.py) -----------------------
 
 
+def per_s(run: dict, key: str) -> float | None:
+    """New tokens per second of a vLLM run's single-stream (`seconds`) or batched (`batched_seconds`) pass."""
+    return run["new_tokens"] / run[key] if run.get(key) else None
+
+
 def compare(layout: str, run: dict, plain: dict, ours: dict, k: int) -> dict:
     """One layout's row of engine_check.json."""
     stats = ours["spec"]["stats"]
@@ -123,8 +128,11 @@ def compare(layout: str, run: dict, plain: dict, ours: dict, k: int) -> dict:
             "engine_accepted_tokens": run["accepted_tokens"],
             "engine_acceptance_length": tau_per_round(run["accepted_tokens"], drafts),
             "engine_acceptance_by_position": [a / drafts if drafts else 0.0 for a in run["per_pos"]],
-            "engine_tokens_per_s": run["new_tokens"] / run["seconds"] if run["seconds"] else 0.0,
-            "engine_plain_tokens_per_s": plain["new_tokens"] / plain["seconds"] if plain["seconds"] else 0.0,
+            # single stream, as ours; batched (one generate over every prompt) apart, labelled so
+            "engine_tokens_per_s": per_s(run, "seconds"),
+            "engine_plain_tokens_per_s": per_s(plain, "seconds"),
+            "engine_batched_tokens_per_s": per_s(run, "batched_seconds"),
+            "engine_plain_batched_tokens_per_s": per_s(plain, "batched_seconds"),
         }
     )
     row["acceptance_length_gap"] = abs(row["engine_acceptance_length"] - row["our_acceptance_length_full_depth"])
@@ -166,8 +174,15 @@ def engine_check(
     max_new: int = 32,
     limit: int | None = None,
     timeout: int = 3000,
+    threads: int = 2,
 ) -> dict:
-    """Steps 1-5; returns (and writes) the engine_check.json dict."""
+    """Steps 1-5; returns (and writes) the engine_check.json dict. `threads`: torch threads for ours, OMP threads
+    for vLLM's engine: tokens/s compare like with like."""
+    import torch
+
+    if threads < 1:
+        raise ValueError(f"--threads {threads}: must be >= 1")
+    torch.set_num_threads(threads)
     from decode.generate import encode_prompt
     from decode.harness.prompts import load_prompts, render_turn
     from decode.target import Target
@@ -192,6 +207,7 @@ def engine_check(
         "max_new_tokens": max_new,
         "stop_token_ids": sorted(model.eos_ids),
         "max_model_len": min(model.max_positions, max(map(len, prompts)) + max_new + k + 8),
+        "threads": threads,
         "runs": [{"name": "plain", "speculative_config": None}]
         + [
             {
@@ -215,6 +231,7 @@ def engine_check(
         "drafter": str(drafter_dir),
         "target": target,
         "draft_len": k,
+        "threads": threads,
         "max_new_tokens": max_new,
         "prompts": len(prompts),
         "vllm_version": result.get("vllm_version"),
@@ -234,6 +251,8 @@ def engine_check(
         "our_tokens_per_s",
         "engine_plain_tokens_per_s",
         "our_ar_tokens_per_s",
+        "engine_batched_tokens_per_s",
+        "engine_plain_batched_tokens_per_s",
     ):  # the first layout's figures at the top level too
         report[key] = rows[0].get(key)
     (out_dir / "engine_check.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -249,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--limit", type=int, default=None, help="first N prompts only")
     ap.add_argument("--timeout", type=int, default=3000, help="seconds the vLLM worker may take")
+    ap.add_argument("--threads", type=int, default=2, help="CPU threads for both engines (default 2)")
     ap.add_argument("--out", required=True, help="directory for engine_check.json, exports and vLLM's log")
     args = ap.parse_args(argv)
     try:
@@ -261,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
             args.max_new_tokens,
             args.limit,
             args.timeout,
+            args.threads,
         )
     except (SideVenvError, RuntimeError, subprocess.TimeoutExpired, *USER_ERRORS) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -272,9 +293,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     print_table(rep["layouts"])
     if rep.get("engine_plain_tokens_per_s"):
+        batched = rep.get("engine_plain_batched_tokens_per_s")
         print(
-            f"plain decoding: vLLM {rep['engine_plain_tokens_per_s']:.1f} tok/s, "
-            f"ours {rep['our_ar_tokens_per_s']:.1f} tok/s"
+            f"plain decoding, single stream, {rep['threads']} thread(s): vLLM {rep['engine_plain_tokens_per_s']:.1f} "
+            f"tok/s, ours {rep['our_ar_tokens_per_s']:.1f} tok/s"
+            + (f" (vLLM batched, all {rep['prompts']} prompts in one call: {batched:.1f} tok/s)" if batched else "")
         )
     print(f"wrote {Path(args.out) / 'engine_check.json'}: {'OK' if rep['ok'] else 'MISMATCH'}")
     return 0 if rep["ok"] else 1

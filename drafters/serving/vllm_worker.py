@@ -3,18 +3,20 @@
     SIDE_PYTHON drafters/serving/vllm_worker.py JOB.json RESULT.json
 
 It must not import draftsmith (the side venv has another transformers and no draftsmith). JOB.json:
-`{"target", "prompts": [[ids]], "max_new_tokens", "stop_token_ids", "max_model_len", "dtype",
+`{"target", "prompts": [[ids]], "max_new_tokens", "stop_token_ids", "max_model_len", "dtype", "threads",
   "runs": [{"name", "speculative_config": {...} | null}]}`. For each run it builds an LLM (greedy,
-`enforce_eager=True`, stats on), decodes every prompt from its token ids after one untimed warm-up, and
-records the output token ids, the wall time, and the speculative-decoding counters of `llm.get_metrics()`
-(differences over the timed generation, so the warm-up does not count). A run that fails records its
-error line and the next run still goes.
+`enforce_eager=True`, stats on) and, after one untimed warm-up, decodes the prompts from their token ids twice:
+single stream (one request per generate call, as our decoder runs; its outputs, seconds and the speculative-decoding
+counters of `llm.get_metrics()`, differences over that pass) and batched (every prompt in one call: the engine's
+continuous batching, `batched_seconds`, reported apart). A run that fails records its error line and the next run
+still goes. `threads` sets OMP_NUM_THREADS for the engine's processes (0: the engine's default).
 """
 
 from __future__ import annotations
 
 import gc
 import json
+import os
 import sys
 import time
 
@@ -68,16 +70,22 @@ def run_one(job: dict, run: dict) -> dict:
     prompts = [{"prompt_token_ids": ids} for ids in job["prompts"]]
     llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=4, detokenize=False), use_tqdm=False)
     before = read_metrics(llm)
-    t0 = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    seconds = time.perf_counter() - t0
+    outs, seconds = [], 0.0
+    for p in prompts:  # single stream: one request at a time
+        t0 = time.perf_counter()
+        outs += llm.generate([p], params, use_tqdm=False)
+        seconds += time.perf_counter() - t0
     counters = diff(read_metrics(llm), before)
+    t0 = time.perf_counter()
+    llm.generate(prompts, params, use_tqdm=False)  # batched: all at once
+    batched_seconds = time.perf_counter() - t0
     del llm
     gc.collect()
     return {
         "name": run["name"],
         "outputs": [list(o.outputs[0].token_ids) for o in outs],
         "seconds": seconds,
+        "batched_seconds": batched_seconds,
         "new_tokens": sum(len(o.outputs[0].token_ids) for o in outs),
         **counters,
     }
@@ -86,6 +94,8 @@ def run_one(job: dict, run: dict) -> dict:
 def main() -> int:
     job_path, result_path = sys.argv[1], sys.argv[2]
     job = json.loads(open(job_path).read())
+    if job.get("threads"):  # before vLLM starts its engine process, which inherits it
+        os.environ["OMP_NUM_THREADS"] = str(job["threads"])
     import vllm
 
     results = {"vllm_version": vllm.__version__, "runs": []}
