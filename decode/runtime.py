@@ -1,11 +1,14 @@
-"""The fast decode runtime: a standard decoder layer as a few fused ops over weights laid out once.
+"""The fast decode runtime: a standard decoder layer as a few fused ops over weights packed once.
 
 HF's decoder layer spends a decode step in three projections for attention, two for the MLP, and some forty small
-ops around them; its linears multiply one row by `[out, in]` weights. On a CPU a one-row product streams the weight
-from memory, and how fast depends on the layout (2-core AMD EPYC, avx2, fp32, 1 thread, `scripts/profile_round.py`):
-a wide matrix (out > in) streams at 23-24 GB/s stored `[in, out]` (`x @ w`) against 13-14 GB/s stored `[out, in]`
-(`F.linear`), while a tall one (down, 1536 -> 576) is faster as `[out, in]` (19 vs 14 GB/s). So each linear group is
-packed once, in the layout its shape prefers: q/k/v fused into one product, gate/up into one, the LM head apart.
+ops around them, and BLAS multiplies the 1-25 rows of a decode pass poorly: on a 2-core AMD EPYC (avx2, fp32,
+1 thread) a one-row product streams a wide `[out, in]` weight at 13-14 GB/s, and 8 rows cost 2.4x one row. Levers,
+each measured alone (`scripts/bench_gemm.py`, `scripts/profile_round.py --runtimes hf,fast`):
+1. fusion: q/k/v one product, gate/up one product (one weight stream each, fewer calls);
+2. fp32 on an AVX2 CPU: decode.gemm's kernel over weights packed once into column panels, every row count one
+   read of the weight (8 rows 1.8x one row), and its one-call RMSNorm, SiLU-gate and in-place rotary embedding;
+3. elsewhere (bf16, GPUs, other CPUs): each linear in the layout its shape prefers for one-row products — a wide
+   matrix stored `[in, out]` (23-24 GB/s against 13-14 as `[out, in]`), a tall one as `[out, in]`.
 
 The packs are copies of the HF weights (the HF modules stay untouched for training and the offload hooks), stamped
 with each weight's identity and version: a LoRA attached to the target, merged weights, or a training step changes
@@ -21,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from decode import gemm
 from decode.kvcache import KVCache
 
 FAMILIES = ("LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer")
@@ -33,12 +37,13 @@ def prefers_transposed(w: Tensor) -> bool:
 
 @dataclass
 class Packed:
-    """One or more linears fused along their outputs, laid out for one-row products."""
+    """One or more linears fused along their outputs, laid out for the few-row products of decoding."""
 
-    w: Tensor  # [in, out] when transposed, else [out, in]
+    w: Tensor  # fp32 on an AVX2 CPU: decode.gemm's panels [out / 16, in, 16]; else [in, out] when transposed, or [out, in]
     b: Tensor | None  # [out]
     transposed: bool
     rows: Tensor | None = None  # [out, in] kept beside a transposed w for products over several rows
+    panels: int = 0  # outputs, when w holds decode.gemm's panels (0: it does not)
 
     @classmethod
     def of(cls, linears: list[nn.Linear], keep_rows: bool = False) -> Packed:
@@ -47,12 +52,16 @@ class Packed:
         w = torch.cat([m.weight for m in linears]) if len(linears) > 1 else linears[0].weight
         has_bias = any(m.bias is not None for m in linears)
         b = torch.cat([m.bias if m.bias is not None else w.new_zeros(m.out_features) for m in linears])
+        if gemm.usable(w):  # one layout for every row count: the kernel reads each weight once per pass
+            return cls(gemm.pack(w), b if has_bias else None, False, panels=w.shape[0])
         t = prefers_transposed(w)
         rows = w if t and keep_rows else None
         return cls(w.t().contiguous() if t else w.contiguous(), b if has_bias else None, t, rows)
 
     def __call__(self, x: Tensor) -> Tensor:  # [.., in] -> [.., out]
-        if self.rows is not None and x.numel() > x.shape[-1]:
+        if self.panels:
+            y = gemm.gemm(x, self.w, self.panels)
+        elif self.rows is not None and x.numel() > x.shape[-1]:
             y = F.linear(x, self.rows)
         else:
             y = x @ self.w if self.transposed else F.linear(x, self.w)
@@ -87,23 +96,37 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 def layer_step(
     p: LayerPack, i: int, h: Tensor, cache: KVCache | None, cos: Tensor, sin: Tensor, mask: Tensor | None
 ) -> Tensor:
-    """One decoder layer on h [1, T, D]; K/V appended to `cache` layer i. mask: additive [1, 1, T, S] or None."""
+    """One decoder layer on h [1, T, D]; K/V appended to `cache` layer i. cos/sin [1, 1, T, hd]; mask: additive
+    [1, 1, T, S] or None. fp32 on an AVX2 CPU the small ops are decode.gemm's (one call each), else aten's."""
     t, d = h.shape[1], h.shape[2]
+    ops = gemm.kernel() if p.qkv.panels and gemm.fused(h) else None
     # 1. attention: norm, one fused q/k/v product, per-head norms (Qwen3), rotary, cache, SDPA, o.
-    x = F.rms_norm(h, (d,), p.ln1, p.eps)
-    q, k, v = p.qkv(x).split([p.heads * p.head_dim, p.kv_heads * p.head_dim, p.kv_heads * p.head_dim], dim=-1)
-    q, k, v = q.view(1, t, p.heads, p.head_dim), k.view(1, t, p.kv_heads, p.head_dim), v.view(1, t, -1, p.head_dim)
-    if p.q_norm is not None:
-        q, k = F.rms_norm(q, (p.head_dim,), p.q_norm, p.eps), F.rms_norm(k, (p.head_dim,), p.k_norm, p.eps)
-    q, k = rotate(q.transpose(1, 2), cos, sin), rotate(k.transpose(1, 2), cos, sin)
-    v = v.transpose(1, 2)
+    if ops is not None and p.q_norm is None:
+        qkv = p.qkv(ops.rms_norm(h.view(t, d), p.ln1, p.eps))  # [T, (H + 2 KV) hd]
+        ops.rope_(qkv, cos[0, 0], sin[0, 0], p.heads + p.kv_heads, p.head_dim)
+        q, k, v = heads_of(p, qkv.view(1, t, -1))
+    else:
+        q, k, v = heads_of(p, p.qkv(F.rms_norm(h, (d,), p.ln1, p.eps)))
+        if p.q_norm is not None:
+            q, k = F.rms_norm(q, (p.head_dim,), p.q_norm, p.eps), F.rms_norm(k, (p.head_dim,), p.k_norm, p.eps)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
     if cache is not None:
         k, v = cache.update(k, v, i)
     a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=p.scale, enable_gqa=p.heads != p.kv_heads)
     h = h + p.o(a.transpose(1, 2).reshape(1, t, p.heads * p.head_dim))
     # 2. MLP: norm, one fused gate/up product, SiLU gate, down.
+    if ops is not None:
+        return h + p.down(ops.silu_mul(p.gate_up(ops.rms_norm(h.view(t, d), p.ln2, p.eps)))).view(1, t, d)
     gate, up = p.gate_up(F.rms_norm(h, (d,), p.ln2, p.eps)).chunk(2, dim=-1)
     return h + p.down(F.silu(gate) * up)
+
+
+def heads_of(p: LayerPack, qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The fused product's output [1, T, (H + 2 KV) hd] -> q [1, H, T, hd], k, v [1, KV, T, hd] (views)."""
+    t = qkv.shape[1]
+    q, k, v = qkv.split([p.heads * p.head_dim, p.kv_heads * p.head_dim, p.kv_heads * p.head_dim], dim=-1)
+    q, k, v = q.view(1, t, p.heads, -1), k.view(1, t, p.kv_heads, -1), v.view(1, t, p.kv_heads, -1)
+    return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
 
 def unsupported(layers: nn.ModuleList, config) -> str | None:

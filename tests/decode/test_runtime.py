@@ -7,6 +7,7 @@ import pytest
 import torch
 from torch import nn
 
+from decode import gemm
 from decode.passes import forward_tree
 from decode.runtime import Packed, unsupported
 from decode.target import Target
@@ -116,12 +117,32 @@ def test_bad_runtime_name():
         Target(tiny_model("llama", "sdpa"), runtime="compiled")
 
 
-def test_packed_layouts_agree():
+def test_packed_layouts_agree(monkeypatch):
+    """The aten layouts (bf16, GPUs, CPUs without AVX2) give F.linear's products."""
+    monkeypatch.setattr(gemm, "usable", lambda w: False)
     torch.manual_seed(0)
     wide, tall = nn.Linear(8, 40, bias=True), nn.Linear(40, 8, bias=False)
     for lin, transposed in ((wide, True), (tall, False)):
         p = Packed.of([lin], keep_rows=True)
-        assert p.transposed is transposed
+        assert p.transposed is transposed and not p.panels
         for rows in (1, 5):
             x = torch.randn(rows, lin.in_features)
             torch.testing.assert_close(p(x), lin(x), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.skipif(
+    gemm.kernel() is None, reason="the AVX2 decode GEMM needs an x86 CPU with AVX2 + FMA and a compiler"
+)
+@pytest.mark.parametrize("n,k", [(40, 300), (64, 576), (16, 1)])
+def test_gemm_kernel_matches_linear(n, k):
+    """Every row count the tail logic meets (groups of 6, K slices of 256, N not a multiple of 16), and a row's
+    result does not depend on the other rows (the same sums in the same order)."""
+    torch.manual_seed(0)
+    lin = nn.Linear(k, n, bias=True)
+    p = Packed.of([lin])
+    assert p.panels == n
+    x = torch.randn(13, k)
+    for rows in (1, 2, 5, 6, 7, 13):
+        torch.testing.assert_close(p(x[:rows]), lin(x[:rows]), atol=1e-5, rtol=1e-5)
+        assert torch.equal(p(x[:rows])[0], p(x[:1])[0])
+    assert p(x.view(13, 1, k)).shape == (13, 1, n)
