@@ -48,7 +48,7 @@ def build_drafter(recipe, target, train_ds, rank: int = 0) -> torch.nn.Module:
     cfg = recipe.drafter.selected()
     if recipe.drafter.kind == "eagle3":
         return cls(target, cfg, token_counts=token_counts(train_ds, target.vocab_size), seed=recipe.seed, rank=rank)
-    if recipe.drafter.kind == "eagle1":
+    if recipe.drafter.kind in ("eagle1", "dflash", "dspark"):  # their training draws: noise, anchors
         return cls(target, cfg, seed=recipe.seed, rank=rank)
     return cls(target, cfg)
 
@@ -94,7 +94,7 @@ def run(recipe) -> int:
 
     if not recipe.drafter.kind:
         raise ValueError(
-            "drafter.kind is not set: choose eagle3 | eagle1 | medusa | layerskip (e.g. drafter.kind=eagle3)"
+            "drafter.kind is not set: choose eagle3 | eagle1 | medusa | layerskip | dflash | dspark (e.g. drafter.kind=eagle3)"
         )
     check_out_dir(recipe.run_dir, "run_dir")  # before the target loads: an unwritable run_dir fails at once
     # 1. processes first. Plain CPU ranks (DDP, and FSDP: see train/distributed.py fsdp_on_cpu) need cpu=True
@@ -121,6 +121,8 @@ def run(recipe) -> int:
     target = load_target(recipe, state.device)
     if recipe.drafter.kind == "eagle3":  # a draft layer of a type this target's cannot give: refused before any data
         layer_type(recipe.drafter.eagle3.draft_layer, getattr(target.config, "model_type", None))
+    if recipe.drafter.kind in ("dflash", "dspark"):  # a mask token or capture id this target lacks: before any data
+        recipe.drafter.selected().resolved(target.num_layers, target.vocab_size)
     # 2. data: regenerated samples and (offline) features are built when missing, reused when present
     # and refused when they were made from something else — all before any training.
     recipe = with_feature_ids(recipe, target.num_layers)

@@ -38,6 +38,8 @@ from omegaconf.errors import (
 )
 
 from decode.loading import DTYPES
+from drafters.trainable.dflash import DFlashConfig
+from drafters.trainable.dspark import DSparkConfig
 from drafters.trainable.eagle import Eagle1Config
 from drafters.trainable.eagle3 import Eagle3Config
 from drafters.trainable.layerskip import LayerSkipConfig
@@ -126,11 +128,13 @@ class TrainConfig:
 class DrafterSection:
     """The drafter to train: `kind` picks one of the sections below; only that section is used."""
 
-    kind: Literal["", "eagle3", "eagle1", "medusa", "layerskip"] = ""  # drafter family ("" = none: features only)
+    kind: Literal["", "eagle3", "eagle1", "medusa", "layerskip", "dflash", "dspark"] = ""  # drafter family ("" = none)
     eagle3: Eagle3Config = field(default_factory=Eagle3Config)  # EAGLE-3 settings
     eagle1: Eagle1Config = field(default_factory=Eagle1Config)  # EAGLE-1 settings
     medusa: MedusaConfig = field(default_factory=MedusaConfig)  # Medusa settings
     layerskip: LayerSkipConfig = field(default_factory=LayerSkipConfig)  # LayerSkip settings
+    dflash: DFlashConfig = field(default_factory=DFlashConfig)  # DFlash (block drafter) settings
+    dspark: DSparkConfig = field(default_factory=DSparkConfig)  # DSpark (DFlash + Markov/confidence heads) settings
 
     def selected(self):
         """The config dataclass of the chosen kind."""
@@ -170,7 +174,7 @@ def with_feature_ids(recipe: Recipe, num_layers: int) -> Recipe:
         if not recipe.features.hidden_ids:
             raise ConfigError(
                 "features.hidden_ids is empty and no drafter.kind is set: name the drafter "
-                "(drafter.kind=eagle3|eagle1|medusa|layerskip) or list the hidden-state ids "
+                "(drafter.kind=eagle3|eagle1|medusa|layerskip|dflash|dspark) or list the hidden-state ids "
                 "(0 = embeddings, i = layer i output, L = final normed state), e.g. features.hidden_ids=[2,3,5]"
             )
         return recipe

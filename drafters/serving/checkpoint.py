@@ -43,6 +43,8 @@ FINGERPRINT_KEYS = (
 
 def drafter_kinds() -> dict[str, tuple[type, type]]:
     """kind -> (module class, config dataclass)."""
+    from drafters.trainable.dflash import DFlash, DFlashConfig
+    from drafters.trainable.dspark import DSpark, DSparkConfig
     from drafters.trainable.eagle import Eagle1, Eagle1Config
     from drafters.trainable.eagle3 import Eagle3, Eagle3Config
     from drafters.trainable.layerskip import LayerSkip, LayerSkipConfig
@@ -53,6 +55,8 @@ def drafter_kinds() -> dict[str, tuple[type, type]]:
         "eagle3": (Eagle3, Eagle3Config),
         "medusa": (Medusa, MedusaConfig),
         "layerskip": (LayerSkip, LayerSkipConfig),
+        "dflash": (DFlash, DFlashConfig),
+        "dspark": (DSpark, DSparkConfig),
     }
 
 
@@ -302,6 +306,11 @@ def load_weights(module: nn.Module, ckpt_dir: str | os.PathLike) -> None:
 
 def switch_hint(keys: list[str], config) -> str:
     """The config switch that adds the mismatched keys (EAGLE-3.1's fc_norm), so the error names what disagrees."""
+    if any(k.startswith(("markov.", "conf_head.")) for k in keys):  # a DFlash checkpoint labelled dspark, say
+        return (
+            ": a DSpark checkpoint holds its Markov and confidence heads (markov.*, conf_head.*) and this file's "
+            "weights do not match them; load a DSpark export, or set draftsmith_drafter to dflash for a DFlash one"
+        )
     if not any(k.startswith("fc_norm.") for k in keys):
         return ""
     said = str(getattr(config, "fc_norm", False)).lower()

@@ -21,7 +21,7 @@ from tests.train.loop_runs import REPO, recipe_overrides, run, write_recipe
 from train.evaluation import simulated_tau
 from train.loop import lr_factor
 
-KINDS = ["eagle3", "eagle1", "medusa", "layerskip"]
+KINDS = ["eagle3", "eagle1", "medusa", "layerskip", "dflash", "dspark"]
 regen = loop_runs.regen  # the module-scoped fixture: regenerated stories shared by the runs of this file
 
 

@@ -61,7 +61,7 @@ def test_auto_keeps_a_tiny_model_in_fp32_and_requests_win(tmp_path, cpu, chat_si
     assert line == "precision: target fp32 (requested), drafter bf16 (cpu has amx_bf16)"
 
 
-@pytest.mark.parametrize("kind", ["eagle3", "eagle1", "medusa", "layerskip"])
+@pytest.mark.parametrize("kind", ["eagle3", "eagle1", "medusa", "layerskip", "dflash", "dspark"])
 def test_each_drafter_trains_under_bf16_autocast_on_a_bf16_target(kind):
     """What `precision: bf16` runs: a bf16 frozen target, the drafter's step under bf16 autocast — a finite
     loss, fp32 weights and gradients, and a loss within bf16's reach of the all-fp32 one."""

@@ -44,6 +44,16 @@ KINDS = {  # id -> (drafter overrides, features mode): offline and online both c
         "offline",
     ),
     "medusa": (["drafter.kind=medusa", "drafter.medusa.num_heads=2"], "offline"),
+    "dflash": (["drafter.kind=dflash", "drafter.dflash.block_size=4", "drafter.dflash.anchors=4"], "online"),
+    "dspark": (  # anchors drawn per step and micro-batch, the Markov and confidence heads
+        [
+            "drafter.kind=dspark",
+            "drafter.dspark.block_size=4",
+            "drafter.dspark.anchors=4",
+            "drafter.dspark.markov_rank=8",
+        ],
+        "offline",
+    ),
     "layerskip_exits": (["drafter.kind=layerskip", "drafter.layerskip.curriculum=rotational"], "offline"),
     "layerskip_lora": (
         [
