@@ -18,6 +18,7 @@ streamed (offloaded) layers; anything else runs through HF's own modules, as bef
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -228,3 +229,29 @@ class Runtime:
     def logits(self, h: Tensor) -> Tensor:
         """Final norm + LM head on pre-norm states. [.., D] -> [.., V]"""
         return self.head(self.norm(h))
+
+
+class PackedLinear(nn.Module):
+    """An nn.Linear whose product runs through Packed: for decode-time copies of drafters (no autograd)."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        with torch.no_grad():
+            self.packed = Packed.of([linear])
+        self.weight, self.bias = linear.weight, linear.bias  # the originals, for code that reads them
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+
+    def forward(self, x: Tensor) -> Tensor:  # [.., in] -> [.., out]
+        return self.packed(x)
+
+
+def packed_copy(module: nn.Module) -> nn.Module:
+    """A copy of `module` for decoding whose every nn.Linear is a PackedLinear. Shallow where it can be: parameters,
+    buffers and plain attributes (a frozen target held as one) are shared, only the module tree is new, so the
+    trained module itself is never touched."""
+    new = copy.copy(module)
+    new._modules = {
+        name: None if child is None else PackedLinear(child) if type(child) is nn.Linear else packed_copy(child)
+        for name, child in module._modules.items()
+    }
+    return new

@@ -22,6 +22,7 @@ import argparse
 import json
 import statistics
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -163,15 +164,20 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
 
     shown = [r for r in rows if r.get("tokens_per_s")]
     colors = {"draftsmith": "tab:blue", "vLLM": "tab:orange", "transformers": "tab:gray"}
-    fig, ax = plt.subplots(figsize=(8, 0.4 * len(shown) + 1.2))
-    ax.barh(
+    fig, ax = plt.subplots(figsize=(10, 0.4 * len(shown) + 1.6))
+    bars = ax.barh(
         [f"{r['engine']}: {r['name']}" for r in shown],
         [r["tokens_per_s"] for r in shown],
         color=[colors[r["engine"]] for r in shown],
     )
+    for bar, r in zip(bars, shown):
+        if "[batched]" in r["name"]:  # not single stream: drawn apart
+            bar.set_alpha(0.45)
+            bar.set_hatch("//")
+        ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {r['tokens_per_s']:.1f}", va="center")
     ax.invert_yaxis()
-    ax.set_xlabel("tokens/s, single stream (batched rows: one call over every prompt)")
-    ax.set_title(title, fontsize=9)
+    ax.set_xlabel("tokens/s, one request at a time ([batched], hatched: every prompt in one call)")
+    fig.suptitle(textwrap.fill(title, 110), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

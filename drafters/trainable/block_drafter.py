@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from decode.protocol import Budget, TargetStep
+from decode.runtime import packed_copy
 from decode.tree import DraftTree, SampleFn, StepFn, StopRule, grow
 from drafters.common import sampler
 from drafters.trainable.block_ops import KVPair
@@ -104,7 +105,7 @@ class BlockDrafter:
     """Drafter protocol for a DFlash / DSpark module: one block pass per round over the cached context."""
 
     def __init__(self, module: nn.Module, name: str) -> None:  # a DFlash / DSpark (drafters/trainable/dflash.py)
-        self.m, self.name = module, name
+        self.m, self.name = packed_copy(module), name  # its linears packed for few-row products; module untouched
         self.hidden_ids: tuple[int, ...] = tuple(module.decode_hidden_ids)
         self.forward_passes = 0
         self.ctx = ContextKV()

@@ -16,7 +16,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from decode.runtime import Packed
+from decode.runtime import Packed, PackedLinear
 from decode.target import Target
 from drafters.trainable.draft_layer import LayerSizes, RMSNorm
 from drafters.trainable.eagle import EagleBase
@@ -179,8 +179,9 @@ class Eagle3(EagleBase):
     def decode_head(self) -> Callable[[Tensor], Tensor]:
         """head() for decoding: the same product over the LM head packed once for one-row calls
         (decode.runtime.Packed; the draft head is wide, 16k x 576 on the chat target: stored [in, out])."""
+        head = self.lm_head  # a PackedLinear already in a decode copy (decode.runtime.packed_copy)
         with torch.no_grad():
-            packed = Packed.of([self.lm_head], keep_rows=True)
+            packed = head.packed if isinstance(head, PackedLinear) else Packed.of([head], keep_rows=True)
         return lambda h: packed(h if self.config.norm_output else self.norm(h))
 
     def step_vocab(self) -> Tensor | None:

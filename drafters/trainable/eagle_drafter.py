@@ -19,6 +19,7 @@ from torch import Tensor
 from decode.kvcache import KVCache
 from decode.masks import causal_mask
 from decode.protocol import Budget, TargetStep
+from decode.runtime import packed_copy
 from decode.tree import DraftTree, grow
 from drafters.common import Scratch, sampler
 from drafters.trainable.draft_layer import CacheContext
@@ -28,7 +29,7 @@ class EagleDrafter:
     """Drafter protocol for the EAGLE-1/3 modules (drafters/trainable/eagle.py, eagle3.py). Chains sample from q when sampling; trees are top-k."""
 
     def __init__(self, module, name: str) -> None:
-        self.m, self.name = module, name
+        self.m, self.name = packed_copy(module), name  # its linears packed for few-row products; module untouched
         self.hidden_ids: tuple[int, ...] = tuple(module.decode_hidden_ids)
         self.forward_passes = 0
         self.cache = KVCache(1)

@@ -9,7 +9,7 @@ from torch import nn
 
 from decode import gemm
 from decode.passes import forward_tree
-from decode.runtime import Packed, unsupported
+from decode.runtime import Packed, PackedLinear, packed_copy, unsupported
 from decode.target import Target
 from decode.tree import DraftTree
 from tests.conftest import tiny_model
@@ -146,3 +146,16 @@ def test_gemm_kernel_matches_linear(n, k):
         torch.testing.assert_close(p(x[:rows]), lin(x[:rows]), atol=1e-5, rtol=1e-5)
         assert torch.equal(p(x[:rows])[0], p(x[:1])[0])
     assert p(x.view(13, 1, k)).shape == (13, 1, n)
+
+
+def test_packed_copy_leaves_the_module_alone():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(12, 40), nn.SiLU(), nn.Sequential(nn.Linear(40, 7, bias=False)))
+    net.frozen = Target(tiny_model("llama", "sdpa"))  # a plain attribute, as a drafter's target: shared
+    copy = packed_copy(net)
+    assert type(net[0]) is nn.Linear and type(net[2][0]) is nn.Linear
+    assert isinstance(copy[0], PackedLinear) and isinstance(copy[2][0], PackedLinear)
+    assert copy.frozen is net.frozen and copy[0].weight is net[0].weight
+    x = torch.randn(3, 12)
+    with torch.no_grad():
+        torch.testing.assert_close(copy(x), net(x), atol=1e-5, rtol=1e-5)
