@@ -143,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
     ap.add_argument("--out", required=True, help="json file to write")
     args = ap.parse_args(argv)
+    if args.threads < 0:
+        ap.error(f"--threads {args.threads}: must be >= 1 (or 0 for torch's default)")
     if args.threads:
         torch.set_num_threads(args.threads)
     target = load_target_from_args(args, args.resident_layers)

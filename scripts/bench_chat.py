@@ -152,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.limit is not None and args.limit < 1:
         ap.error("--limit must be >= 1")
+    if args.threads < 1:
+        ap.error(f"--threads {args.threads}: must be >= 1")
     if args.workers < 1 or (args.workers > 1 and args.threads != 1):
         ap.error("--workers must be >= 1, and workers run 1 thread each (leave --threads at 1)")
     from transformers.utils import logging as hf_logging

@@ -277,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--limit must be >= 1")
     if args.workers < 1:
         ap.error("--workers must be >= 1")
+    if args.threads is not None and args.threads < 1:
+        ap.error(f"--threads {args.threads}: must be >= 1 (leave it out for torch's default)")
 
     from transformers.utils import logging as hf_logging
 

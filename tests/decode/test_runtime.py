@@ -159,3 +159,19 @@ def test_packed_copy_leaves_the_module_alone():
     x = torch.randn(3, 12)
     with torch.no_grad():
         torch.testing.assert_close(copy(x), net(x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("argv", [["--threads", "0"], ["--runtime", "compiled"]])
+def test_evaluate_refuses_bad_runtime_options(argv, tmp_path, capsys):
+    from decode.harness.evaluate import main
+
+    with pytest.raises(SystemExit) as e:
+        main(
+            ["--target", str(tmp_path), "--drafter", "ar", "--prompts", "p.jsonl", "--out", str(tmp_path / "o"), *argv]
+        )
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("python -m decode.evaluate: error: ") and (
+        "--threads 0: must be >= 1" in err or "compiled" in err
+    )
+    assert not (tmp_path / "o").exists()
