@@ -29,6 +29,8 @@ def build(config_path: str):
 
 
 def drafters(target) -> dict[str, torch.nn.Module]:
+    from drafters.trainable.dflash import DFlash, DFlashConfig
+    from drafters.trainable.dspark import DSpark, DSparkConfig
     from drafters.trainable.eagle import Eagle1
     from drafters.trainable.eagle3 import Eagle3
     from drafters.trainable.layerskip import LayerSkip, LayerSkipConfig
@@ -42,7 +44,16 @@ def drafters(target) -> dict[str, torch.nn.Module]:
         "layerskip": LayerSkip(
             target, LayerSkipConfig(draft_exit=L // 5, exits=tuple(range(2, L, 2)), adapter_rank=64)
         ),
+        # DeepSpec's block drafters: 5 draft layers over 5 capture layers spread 1 + 9k (hidden ids: layer + 1)
+        "dflash": DFlash(target, DFlashConfig(num_layers=5, capture_ids=block_ids(L))),
+        "dspark": DSpark(target, DSparkConfig(num_layers=5, capture_ids=block_ids(L))),
     }
+
+
+def block_ids(num_layers: int) -> tuple[int, ...]:
+    """Five capture ids spread like DeepSpec's [1, 10, 19, 28, 37] for 40 layers, as hidden ids (layer + 1)."""
+    step = (num_layers - 4) // 4
+    return tuple(2 + step * i for i in range(5))
 
 
 def main() -> None:
@@ -71,6 +82,8 @@ def main() -> None:
     for kind, mod in drafters(target).items():
         n = sum(p.numel() for p in mod.parameters() if p.requires_grad)
         state = n * (4 + 4 + 8)  # fp32 weights, grads, Adam m and v
+        # passes per training token: EAGLE's unrolled steps, Medusa's heads; a block drafter runs each anchor's block
+        # once (anchors x block rows per sequence, about the sequence's length at the recipes' 32 x 8 / 2048 tokens)
         steps = getattr(mod.config, "ttt_steps", getattr(mod.config, "num_heads", 1))
         head_rows = getattr(mod.config, "draft_vocab_size", None) or V
         logits = tokens * head_rows * 4 * 2 * min(steps, 2)  # fp32 logits + softmax grad, ~2 live steps
