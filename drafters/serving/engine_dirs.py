@@ -3,7 +3,9 @@
 - EAGLE-3 in SGLang's layout (`LlamaForCausalLMEagle3`, the layout of EAGLE-3's own releases) or the
   speculators layout (`Eagle3Speculator`) -> drafters.trainable.eagle3.Eagle3, so published EAGLE-3 drafters can be
   evaluated with `--drafter DIR`;
-- Medusa in vLLM's layout (`MedusaModel`) -> drafters.trainable.medusa.Medusa.
+- Medusa in vLLM's layout (`MedusaModel`) -> drafters.trainable.medusa.Medusa;
+- DFlash in z-lab's / vLLM's layout (`DFlashDraftModel`) or the speculators one -> drafters.trainable.dflash.DFlash
+  (QK-norm layers: the only kind vLLM builds), a learned mask read back from its extra embedding row.
 Weights are read from safetensors only (a pickled pytorch_model.bin is refused with a fix). Every
 problem that would change what the drafter computes here — another hidden size, vocabulary, attention
 shape, rope, capture ids out of range, wrong or missing tensors — is an error naming it; problems that
@@ -21,8 +23,9 @@ from torch import Tensor
 from decode.errors import load_safetensors, read_json
 from decode.target import Target
 from drafters.serving.checkpoint import in_target_dtype, load_drafter, read_meta
-from drafters.serving.layouts.formats import LAYER_PREFIX, LAYOUTS, detect_format, problems
+from drafters.serving.layouts.formats import DFLASH_LAYOUTS, LAYER_PREFIX, LAYOUTS, detect_format, problems
 from drafters.serving.layouts.rules import SHARED_EMBEDDING, TargetFacts, capture_ids_hf, unnamed_ids_warning
+from drafters.serving.layouts.vllm_dflash import EMBED
 
 
 def read_config(path: Path) -> dict | None:
@@ -171,13 +174,50 @@ def load_medusa(path: Path, target: Target):
     return module.eval()
 
 
+def load_dflash(path: Path, target: Target):
+    """A DFlash directory (vLLM's DFlashDraftModel or speculators layout) as a DFlash module on `target`."""
+    from drafters.trainable.dflash import DFlash, DFlashConfig
+
+    cfg = read_config(path) or {}
+    fmt = detect_format(cfg)
+    tensors = read_tensors(path)
+    refuse_problems(path, fmt, cfg, tensors, target)
+    layout = DFLASH_LAYOUTS[fmt]
+    layer = layout.layer(cfg)
+    mask = int(cfg["mask_token_id"] if fmt == "speculators-dflash" else cfg["dflash_config"]["mask_token_id"])
+    state = {k: v for k, v in tensors.items() if k != EMBED}
+    learned = EMBED in tensors  # the extra row after the target's vocabulary (vllm_dflash.py)
+    if learned:
+        embed, V = tensors[EMBED], target.vocab_size
+        own = target.embed_tokens.weight.detach().cpu().to(embed.dtype)
+        if mask != V or not torch.equal(embed[:V], own):
+            raise ValueError(
+                f"{path}: embed_tokens.weight is not the target's embedding plus one mask row at id {V} (mask_token_id "
+                f"{mask}): vLLM would embed the tokens otherwise than draftsmith; export the drafter again"
+            )
+        state["mask_embedding"] = embed[V]
+    config = DFlashConfig(
+        capture_ids=tuple(layout.capture_ids_hf(cfg)),  # ascending, as fc's column blocks are
+        num_layers=int(layer["num_hidden_layers"]),
+        block_size=int(cfg["block_size"]),
+        mask_token_id=-1 if learned else mask,
+        intermediate_size=int(layer["intermediate_size"]),
+        qk_norm=True,
+    )
+    module = DFlash(target, config)
+    module.load_state_dict(state)  # strict: problems() already matched every key and shape
+    return module.eval()
+
+
 def engine_module(path: Path, target: Target):
-    """The module of an EAGLE-3 (SGLang / speculators) or vLLM Medusa directory; None if it is neither."""
+    """The module of an EAGLE-3 (SGLang / speculators), vLLM Medusa or DFlash directory; None if it is neither."""
     fmt = detect_format(read_config(path) or {})
     if fmt in LAYER_PREFIX:
         return load_eagle3(path, target)
     if fmt == "medusa-vllm":
         return load_medusa(path, target)
+    if fmt in DFLASH_LAYOUTS:
+        return load_dflash(path, target)
     return None
 
 

@@ -1,4 +1,4 @@
-"""`python -m drafters.export RUN_OR_CKPT_DIR --format native|eagle3|speculators|medusa-vllm --out DIR`.
+"""`python -m drafters.export RUN_OR_CKPT_DIR --format native|eagle3|speculators|medusa-vllm|vllm-dflash|... --out DIR`.
 
 1. find the native checkpoint (a run directory means RUN_DIR/export) and read its config.json;
 2. read the target's config (--target, else the one the checkpoint names) — never its weights, except
@@ -35,7 +35,15 @@ from drafters.serving.checkpoint import (
     skeleton_target,
     write_atomically,
 )
-from drafters.serving.layouts.formats import FORMATS, LAYER_PREFIX, check_export, check_fits, plan, planned_shapes
+from drafters.serving.layouts.formats import (
+    DFLASH_LAYOUTS,
+    FORMATS,
+    LAYER_PREFIX,
+    check_export,
+    check_fits,
+    plan,
+    planned_shapes,
+)
 from drafters.serving.layouts.rules import (
     EMBEDDING_NOTE,
     ENGINES,
@@ -46,6 +54,7 @@ from drafters.serving.layouts.rules import (
     fc_column_order,
     key_problems,
 )
+from drafters.serving.layouts.vllm_dflash import MASK_ROWS
 from drafters.serving.model_card import model_card
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -205,21 +214,21 @@ def export(
     check_export(
         fmt, layout, planned_shapes(sources, {k: tuple(v.shape) for k, v in state.items()}, facts), facts, extra
     )
-    if fmt in LAYER_PREFIX:
+    if fmt in LAYER_PREFIX or fmt in DFLASH_LAYOUTS:
         state = {**state, "fc.weight": ascending_fc(state["fc.weight"], [int(i) for i in meta["capture_ids"]])}
     head = target_head(local_model_dir(name), config) if TARGET_HEAD in sources.values() else None
     embed = (
-        target_tensor(
-            local_model_dir(name), ["model.embed_tokens.weight"], "--with-embeddings copies the target's embedding"
-        )
-        if TARGET_EMBED in sources.values()
+        target_tensor(local_model_dir(name), ["model.embed_tokens.weight"], "the export copies the target's embedding")
+        if {TARGET_EMBED, MASK_ROWS} & set(sources.values())
         else None
     )
+    if MASK_ROWS in sources.values():  # a learned mask: one row after the target's vocabulary (vllm_dflash.py)
+        embed = torch.cat([embed, state["mask_embedding"][None].to(embed.dtype)])
     own = next(v.dtype for v in state.values() if v.is_floating_point())
     cast = DTYPES.get(dtype, own)
     tensors = {}
     for key, source in sources.items():
-        t = {TARGET_HEAD: head, TARGET_EMBED: embed}.get(source)
+        t = {TARGET_HEAD: head, TARGET_EMBED: embed, MASK_ROWS: embed}.get(source)
         t = t.clone() if t is not None else state[source]  # clones: safetensors refuses shared storage
         tensors[key] = (t.to(cast) if t.is_floating_point() else t).contiguous()
     layout["torch_dtype"] = str(cast).removeprefix("torch.")
@@ -273,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
         "--format",
         required=True,
         choices=sorted(FORMATS),
-        help="native | eagle3 (SGLang/EAGLE release layout) | speculators (vLLM) | medusa-vllm",
+        help="native | eagle3 (SGLang/EAGLE release layout) | speculators (vLLM) | medusa-vllm | vllm-dflash "
+        "(vLLM DFlashDraftModel) | speculators-dflash",
     )
     ap.add_argument("--out", required=True, help="output directory (replaced atomically)")
     ap.add_argument("--target", help="target model dir or hub id (default: the one the checkpoint names)")
@@ -282,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
         "--speculative-tokens",
         type=int,
         default=0,
-        help="speculators: proposal length written to the config (default: the training-time-test depth)",
+        help="speculators: proposal length written to the config (default: the training-time-test depth); "
+        "DFlash layouts take only block_size - 1",
     )
     ap.add_argument(
         "--medusa-shared-head",
@@ -334,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
             )
     if args.format in LAYER_PREFIX and not args.with_embeddings:
         print(f"note: no embed_tokens.weight ({EMBEDDING_NOTE}); add --with-embeddings to load it with speculators")
-    if args.format == "medusa-vllm" and cfg.get("draftsmith", {}).get("note"):
+    if args.format in ("medusa-vllm", "vllm-dflash") and cfg.get("draftsmith", {}).get("note"):
         print(f"note: {cfg['draftsmith']['note']}")
     return 0
 

@@ -20,12 +20,33 @@ LAYOUT_NAMES = {
     "eagle3": "the EAGLE-3 layout of SGLang and EAGLE's releases (`LlamaForCausalLMEagle3`; `Eagle3Qwen3ForCausalLM` for a Qwen3 draft layer)",
     "speculators": "the speculators layout vLLM loads (`Eagle3Speculator`)",
     "medusa-vllm": "vLLM's Medusa layout (`MedusaModel`)",
+    "vllm-dflash": "z-lab's DFlash layout, which vLLM loads as `DFlashDraftModel`",
+    "speculators-dflash": "the speculators DFlash layout vLLM loads",
 }
-LIBRARY = {"native": "draftsmith", "eagle3": "sglang", "speculators": "vllm", "medusa-vllm": "vllm"}
-KIND_NAMES = {"eagle3": "EAGLE-3", "eagle1": "EAGLE", "medusa": "Medusa", "layerskip": "LayerSkip"}
-KIND_TAGS = {"eagle3": "eagle3", "eagle1": "eagle", "medusa": "medusa", "layerskip": "layerskip"}
+LIBRARY = {
+    "native": "draftsmith",
+    "eagle3": "sglang",
+    "speculators": "vllm",
+    "medusa-vllm": "vllm",
+    "vllm-dflash": "vllm",
+    "speculators-dflash": "vllm",
+}
+KIND_NAMES = {
+    "eagle3": "EAGLE-3",
+    "eagle1": "EAGLE",
+    "medusa": "Medusa",
+    "layerskip": "LayerSkip",
+    "dflash": "DFlash",
+    "dspark": "DSpark",
+}
+KIND_TAGS = {k: k.replace("eagle1", "eagle") for k in KIND_NAMES}
 # The engine-layout format each engine loads, per drafter kind (drafters/serving/layouts/formats.py).
-ENGINE_FORMATS = {"eagle3": (("speculators", "vllm"), ("eagle3", "sglang")), "medusa": (("medusa-vllm", "vllm"),)}
+ENGINE_FORMATS = {
+    "eagle3": (("speculators", "vllm"), ("eagle3", "sglang")),
+    "medusa": (("medusa-vllm", "vllm"),),
+    "dflash": (("vllm-dflash", "vllm"),),
+}
+METHOD = {"medusa-vllm": "medusa", "vllm-dflash": "dflash", "speculators-dflash": "dflash"}  # vLLM's method name
 
 
 @dataclass(frozen=True)
@@ -73,7 +94,12 @@ def engine_tags(f: CardFacts) -> list[str]:
     """The serving engines that load this directory as it is."""
     if f.fmt == "eagle3":
         return [f.engine] if f.engine else ["sglang", "vllm"]
-    return {"speculators": ["vllm", "speculators"], "medusa-vllm": ["vllm"]}.get(f.fmt, [])
+    return {
+        "speculators": ["vllm", "speculators"],
+        "medusa-vllm": ["vllm"],
+        "vllm-dflash": ["vllm"],
+        "speculators-dflash": ["vllm", "speculators"],
+    }.get(f.fmt, [])
 
 
 def rows(items: tuple[tuple[str, str], ...], empty: str) -> list[str]:
@@ -102,7 +128,7 @@ def tau_table(e: Evaluation) -> list[str]:
 
 
 def vllm_command(f: CardFacts, directory: str, fmt: str) -> str:
-    method = "medusa" if fmt == "medusa-vllm" else "eagle3"
+    method = METHOD.get(fmt, "eagle3")
     spec = json.dumps({"method": method, "model": directory, "num_speculative_tokens": f.draft_tokens})
     return f"vllm serve {shlex.quote(f.target)} --speculative-config {shlex.quote(spec)}"
 
@@ -140,6 +166,8 @@ def engine_section(f: CardFacts, directory: str, fmt: str, only: str | None = No
         out += ["SGLang reads the `eagle3` layout: export the native checkpoint again with `--format eagle3`.", ""]
     elif fmt == "medusa-vllm":
         out += ["SGLang has no Medusa drafter: serve it with vLLM.", ""]
+    elif fmt in ("vllm-dflash", "speculators-dflash"):
+        out += [f"vLLM drafts the whole block: keep num_speculative_tokens at {f.draft_tokens} (block size - 1).", ""]
     return out
 
 

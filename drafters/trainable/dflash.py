@@ -8,8 +8,9 @@ the fused context at every position before p as extra keys/values: each layer pr
 projections (RoPE at the true positions), as DFlash's Qwen3DFlashAttention does. Then the drafter's own norm
 and the target's frozen LM head (shared, like the embedding). Block position i predicts token p + i.
 
-Keys: `fc.weight`, `hidden_norm.weight`, `layers.{l}.*` (draft_layer.py's Llama layer names), `norm.weight`,
-`mask_embedding` (learned mask only). Training (`loss`, drafters/trainable/block_loss.py) runs many anchors of a
+Keys: `fc.weight`, `hidden_norm.weight`, `layers.{l}.*` (draft_layer.py's Llama layer names; with `qk_norm` also
+`self_attn.{q,k}_norm.weight`, the layer vLLM's qwen3_dflash.py builds), `norm.weight`, `mask_embedding` (learned
+mask only). Training (`loss`, drafters/trainable/block_loss.py) runs many anchors of a
 sequence in one pass; decoding (`drafter()`, drafters/trainable/block_drafter.py) caches the context's K/V.
 """
 
@@ -31,6 +32,7 @@ from drafters.trainable.draft_layer import DraftAttention, DraftLayer, LayerSize
 from drafters.trainable.eagle3 import default_capture_ids
 from drafters.trainable.lk import KL
 from drafters.trainable.noise import noise_seed
+from drafters.trainable.target_layer import QKNormDraftLayer
 
 
 @dataclass
@@ -48,6 +50,7 @@ class DFlashConfig:
     l1_weight: float = 0.0  # weight of the L1 distance of the probabilities, halved: 1 - α (acceptance rate)
     position_decay: bool = False  # weight block position i by exp(-(i-1)/gamma) (DFlash, D-PACE)
     gamma: float = 4.0  # the decay's scale (DFlash: 4 for blocks of 8, 7 for 16)
+    qk_norm: bool = False  # Qwen3's per-head RMSNorm on q and k, context keys too (vLLM's DFlash layers always have it)
 
     def __post_init__(self) -> None:
         if self.block_size < 2:
@@ -91,6 +94,9 @@ def context_kv(attn: DraftAttention, ctx: Tensor, cos: Tensor, sin: Tensor) -> K
     d = attn.sizes.head_dim
     k = attn.k_proj(ctx).view(b, s, -1, d).transpose(1, 2)
     v = attn.v_proj(ctx).view(b, s, -1, d).transpose(1, 2)
+    norm = getattr(attn, "k_norm", None)  # a QK-norm layer norms the context's keys as it norms the block's
+    if norm is not None:
+        k = norm(k)
     return rope(k, cos, sin), v
 
 
@@ -144,10 +150,12 @@ class DFlash(nn.Module):
         with torch.device(target.device):
             self.fc = nn.Linear(len(cfg.capture_ids) * H, H, bias=False)
             self.hidden_norm = RMSNorm(H, sizes.eps)
-            self.layers = nn.ModuleList(DraftLayer(sizes, fused=False) for _ in range(cfg.num_layers))
+            layer = QKNormDraftLayer if cfg.qk_norm else DraftLayer
+            self.layers = nn.ModuleList(layer(sizes, fused=False) for _ in range(cfg.num_layers))
             self.norm = RMSNorm(H, sizes.eps)
             if cfg.mask_token_id < 0:  # a learned vector at the embeddings' scale
-                std = float(target.embed_tokens.weight.float().std())
+                w = target.embed_tokens.weight  # on a meta skeleton (export's shape check) there are no values
+                std = 1.0 if w.is_meta else float(w.float().std())
                 self.mask_embedding = nn.Parameter(torch.randn(H) * std)
         with torch.no_grad():
             self.norm.weight.copy_(target.norm.weight)

@@ -4,7 +4,9 @@ that go to the engine's layout file (plan, expected shapes, problems, the export
 - `native`: draftsmith's own directory (drafters/serving/checkpoint.py), every drafter kind;
 - `eagle3`: SGLang's LlamaForCausalLMEagle3 (sglang_eagle3.py);
 - `speculators`: vllm-project/speculators' Eagle3Speculator (speculators.py);
-- `medusa-vllm`: vLLM's MedusaModel (medusa_vllm.py).
+- `medusa-vllm`: vLLM's MedusaModel (medusa_vllm.py);
+- `vllm-dflash`: z-lab's DFlash layout, vLLM's DFlashDraftModel (vllm_dflash.py);
+- `speculators-dflash`: speculators' DFlash layout, which vLLM converts to the same model (speculators_dflash.py).
 `plan` gives a layout's config and where each exported key comes from; `expected_shapes` is what an
 engine builds from a config; `problems` compares a config + key shapes with the engine's expectations
 and the target, each with its fix (rules.py holds what the layouts share).
@@ -12,7 +14,7 @@ and the target, each with its fix (rules.py holds what the layouts share).
 
 from __future__ import annotations
 
-from drafters.serving.layouts import medusa_vllm, sglang_eagle3, speculators
+from drafters.serving.layouts import medusa_vllm, sglang_eagle3, speculators, speculators_dflash, vllm_dflash
 from drafters.serving.layouts.rules import (
     ENGINES,
     TARGET_EMBED,
@@ -24,8 +26,22 @@ from drafters.serving.layouts.rules import (
     missing_required,
 )
 
-LAYOUTS = {"eagle3": sglang_eagle3, "speculators": speculators, "medusa-vllm": medusa_vllm}  # detection order
-FORMATS = {"native": ("eagle1", "eagle3", "medusa", "layerskip"), **{f: m.KINDS for f, m in LAYOUTS.items()}}
+LAYOUTS = {  # detection order
+    "eagle3": sglang_eagle3,
+    "speculators": speculators,
+    "medusa-vllm": medusa_vllm,
+    "vllm-dflash": vllm_dflash,
+    "speculators-dflash": speculators_dflash,
+}
+NATIVE_KINDS = ("eagle1", "eagle3", "medusa", "layerskip", "dflash", "dspark")
+FORMATS = {"native": NATIVE_KINDS, **{f: m.KINDS for f, m in LAYOUTS.items()}}
+# The block-drafter layouts (capture ids ascending, fc permuted like EAGLE-3's).
+DFLASH_LAYOUTS = {"vllm-dflash": vllm_dflash, "speculators-dflash": speculators_dflash}
+# Why a kind has no engine layout beside native, where that is not plain (said with the refusal).
+NO_LAYOUT = {
+    "dspark": "vLLM 0.32's DSpark (qwen3_dspark.py) runs in its GPU model runner only (v1/worker/gpu/spec_decode/"
+    "dspark), and a DFlash layout would drop the Markov and confidence heads, changing every draft"
+}
 # The EAGLE-3 layouts, and the key prefix of the decoder layer each carries.
 LAYER_PREFIX = {"eagle3": sglang_eagle3.LAYER_PREFIX, "speculators": speculators.LAYER_PREFIX}
 
@@ -43,9 +59,10 @@ def check_fits(fmt: str, kind: str) -> None:
         raise ValueError(f"unknown export format {fmt!r}; one of {sorted(FORMATS)}")
     if kind not in FORMATS[fmt]:
         fits = sorted(f for f, kinds in FORMATS.items() if kind in kinds)
+        why = f" ({NO_LAYOUT[kind]})" if kind in NO_LAYOUT else ""
         raise ValueError(
             f"format {fmt!r} does not fit a {kind} drafter (it is for {'/'.join(FORMATS[fmt])} "
-            f"drafters); a {kind} drafter exports as: {', '.join(fits)}"
+            f"drafters); a {kind} drafter exports as: {', '.join(fits)}{why}"
         )
 
 
@@ -79,16 +96,21 @@ def plan(
         return sglang_eagle3.plan(meta, native_keys, t, provenance, engine, with_embeddings)
     if fmt == "speculators":
         return speculators.plan(meta, native_keys, t, provenance, speculative_tokens, with_embeddings)
+    if fmt in DFLASH_LAYOUTS:
+        why = vllm_dflash.unfit(meta, speculative_tokens)
+        if why:
+            raise ValueError(f"cannot write a {fmt} export: {why}")
+        return DFLASH_LAYOUTS[fmt].plan(meta, native_keys, t, provenance)
     return medusa_vllm.plan(meta, native_keys, t, provenance, shared_head_once)
 
 
 def planned_shapes(
     sources: dict[str, str], native: dict[str, tuple[int, ...]], t: TargetFacts
 ) -> dict[str, tuple[int, ...]]:
-    """Shapes of a planned export: each key's native source, or the target's LM head / embedding [V, H]."""
-    return {
-        k: (t.vocab, t.hidden) if s in (TARGET_HEAD, TARGET_EMBED) else tuple(native[s]) for k, s in sources.items()
-    }
+    """Shapes of a planned export: each key's native source, the target's LM head / embedding [V, H], or the
+    embedding with a learned mask row [V + 1, H]."""
+    rows = {TARGET_HEAD: t.vocab, TARGET_EMBED: t.vocab, vllm_dflash.MASK_ROWS: t.vocab + 1}
+    return {k: (rows[s], t.hidden) if s in rows else tuple(native[s]) for k, s in sources.items()}
 
 
 def expected_shapes(fmt: str, cfg: dict) -> dict[str, tuple[int, ...]]:

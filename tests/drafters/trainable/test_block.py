@@ -88,11 +88,13 @@ def test_anchor_candidates_rows_and_mask_respect_packing():
     assert position_weights(3, False, 2.0) == [1.0, 1.0, 1.0]
 
 
+@pytest.mark.parametrize("qk_norm", [False, True])
 @pytest.mark.parametrize("kind", KINDS)
-def test_the_training_pass_equals_the_decoding_pass(tiny, kind):
+def test_the_training_pass_equals_the_decoding_pass(tiny, kind, qk_norm):
     """A multi-anchor training pass gives each block the states the drafter computes when decoding at that
-    anchor, its context cache built from the target's states in two steps (as rounds append them)."""
-    m = build(kind, tiny).eval()
+    anchor, its context cache built from the target's states in two steps (as rounds append them); with QK-norm
+    (the layer vLLM's DFlash builds) the context keys are normed alike on both paths."""
+    m = build(kind, tiny, qk_norm=qk_norm).eval()
     ids = random_sequences(tiny, 1, 14, seed=2)
     batch = make_batch(tiny, ids, m.feature_ids())
     anchors = torch.tensor([[3, 7, 11]])
