@@ -13,7 +13,7 @@ Same prompts (MT-bench first turns, the chat template applied), greedy, one requ
    export as a chain of --draft-len, and suffix decoding (training-free); single stream, and batched (every prompt
    in one call) labelled so;
 4. a table (tokens/s, vs our AR, τ, output = our AR) and a bar plot, OUT/peers.{json,md,png}.
-DRAFTER defaults to the shipped chat EAGLE-3 (recipes/smollm2-135m/drafters/eagle3).
+DRAFTER defaults to the shipped chat EAGLE-3 (recipes/smollm2-135m/drafters/eagle3); any SPEC works with --no-vllm.
 """
 
 from __future__ import annotations
@@ -79,7 +79,8 @@ def weight_bytes(target: Target) -> int:
 
 def our_rows(target: Target, hf: Target, drafter: str, convs: list[Conversation], cfg: EvalConfig) -> list[dict]:
     """Step 2: every row of ours and HF's, interleaved by conversation -> [{name, engine, tokens_per_s, tau}]."""
-    specs = [drafter, f"{drafter}@auto", "hf-generate", "hf-prompt-lookup", "hf-assisted:early-exit:4"]
+    assisted = f"hf-assisted:early-exit:{min(4, target.num_layers - 1)}"  # the first 4 layers as HF's assistant
+    specs = [drafter, f"{drafter}@auto", "hf-generate", "hf-prompt-lookup", assisted]
     runners = prepare(target, specs, cfg) + [(HF_RUNTIME_AR, DecoderRun("ar", hf, cfg))]
     report = evaluate(target, runners, convs, cfg, meta={"bench": "peers"}, progress=True)
     rows = []

@@ -346,3 +346,14 @@ def profile_round(tmp, chat):
         "--top",
         "2",
     ], "ar"
+
+
+@row("bench_gemm.py")
+def bench_gemm(tmp, chat):
+    return ["--target", str(chat), "--rows", "1,3"], "lm_head"
+
+
+@row("bench_peers.py")
+def bench_peers(tmp, chat):
+    out = ["--out", str(tmp / "peers"), "--no-vllm"]
+    return ["early-exit:1", "--target", str(chat), "--limit", "1", "--max-new-tokens", "4", *out], "AR (HF modules)"
