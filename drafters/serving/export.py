@@ -51,7 +51,7 @@ from drafters.serving.layouts.rules import (
     TARGET_EMBED,
     TARGET_HEAD,
     TargetFacts,
-    fc_column_order,
+    ascending_fc,
     key_problems,
 )
 from drafters.serving.layouts.vllm_dflash import MASK_ROWS
@@ -257,15 +257,6 @@ def export_card(ckpt: Path, meta: dict, fmt: str, layout: dict, target: str, out
         ckpt, meta, fmt, layout, target, str(out), local_model_dir(target), getattr(config, "num_hidden_layers", None)
     )
     return model_card(facts)
-
-
-def ascending_fc(fc: torch.Tensor, ids: list[int]) -> torch.Tensor:
-    """fc.weight [H, n*H] with its input blocks reordered to ascending capture ids (the order engines fuse)."""
-    order = fc_column_order(ids)
-    if order is None:
-        return fc
-    blocks = fc.chunk(len(ids), dim=1)
-    return torch.cat([blocks[j] for j in order], dim=1)
 
 
 def copy_native(ckpt: Path, tmp: Path) -> None:

@@ -331,21 +331,8 @@ def learning_curve(tmp, chat):
 
 @row("profile_round.py")
 def profile_round(tmp, chat):
-    return [
-        "ar",
-        "--target",
-        str(chat),
-        "--limit",
-        "1",
-        "--max-new-tokens",
-        "4",
-        "--tokens",
-        "1,2",
-        "--prefix",
-        "8",
-        "--top",
-        "2",
-    ], "ar"
+    sizes = ["--limit", "1", "--max-new-tokens", "4", "--tokens", "1,2", "--prefix", "8", "--top", "2"]
+    return ["ar", "--target", str(chat), *sizes], "ar"
 
 
 @row("bench_gemm.py")

@@ -275,33 +275,6 @@ for _name, _over, _want in [
     ),
     ("layerskip_exits_0", {"drafter.layerskip.exits": "[0, 2]"}, r"drafter\.layerskip\.exits=\[0, 2\]: must be a list"),
     ("drafter_kind_unknown", {"drafter.kind": "hydra"}, r"'drafter\.kind': Invalid value 'hydra'"),
-    # the block drafters
-    (
-        "dflash_block_size_1",
-        {"drafter.kind": "dflash", "drafter.dflash.block_size": "1"},
-        r"drafter\.dflash\.block_size=1: must be an integer >= 2 \(the anchor \+ at least 1 masked position\)",
-    ),
-    (
-        "dspark_block_size_1",
-        {"drafter.kind": "dspark", "drafter.dspark.block_size": "1"},
-        r"drafter\.dspark\.block_size=1: must be an integer >= 2",
-    ),
-    (
-        "dflash_mask_token_negative",
-        {"drafter.kind": "dflash", "drafter.dflash.mask_token_id": "-5"},
-        r"drafter\.dflash\.mask_token_id=-5: must be an integer >= -1 \(-1 = a learned mask embedding",
-    ),
-    (
-        "dspark_markov_rank_0",
-        {"drafter.kind": "dspark", "drafter.dspark.markov_rank": "0"},
-        r"drafter\.dspark\.markov_rank=0: must be an integer >= 1",
-    ),
-    (
-        "dflash_gamma_0",
-        {"drafter.kind": "dflash", "drafter.dflash.gamma": "0"},
-        r"drafter\.dflash\.gamma=0\.0: must be a number > 0\.0",
-    ),
-    ("dflash_markov_rank_unknown", {"drafter.dflash.markov_rank": "8"}, r"unknown key 'drafter\.dflash\.markov_rank'"),
     # EAGLE-3.1's norms belong to EAGLE-3's fc: a drafter without one has no such key
     ("medusa_fc_norm_unknown", {"drafter.medusa.fc_norm": "true"}, r"unknown key 'drafter\.medusa\.fc_norm'"),
     (
@@ -337,13 +310,6 @@ def recipe_setting_out_of_range(tmp, base):
     return train(
         tmp, base, yaml=f"target: {base / 'target'}\ntrain:\n  grad_accum: 0\n", **{"train.grad_accum": None}
     ), r"r\.yaml: train\.grad_accum=0: must be an integer >= 1"
-
-
-@case
-def dflash_mask_token_outside_the_vocabulary(tmp, base):
-    """A mask token id the target's vocabulary does not have: refused when the drafter is built, naming it."""
-    over = {"drafter.kind": "dflash", "drafter.dflash.mask_token_id": "100000"}
-    return train(tmp, base, **over), r"mask_token_id 100000 is outside the target's vocabulary 0\.\.\d+; use -1"
 
 
 @case

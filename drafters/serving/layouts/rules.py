@@ -24,6 +24,8 @@ import hashlib
 import json
 from dataclasses import dataclass
 
+import torch
+
 TARGET_HEAD = "<target lm_head>"  # source of a key copied from the target's LM head (not in the drafter)
 TARGET_EMBED = "<target embed_tokens>"  # source of embed_tokens.weight copied from the target (--with-embeddings)
 ENGINES = ("sglang", "vllm")  # who reads an `eagle3` directory's explicit capture ids
@@ -174,6 +176,15 @@ def fc_column_order(ids: list[int]) -> list[int] | None:
     ids (engines concatenate captured states in layer order); None when the ids already ascend."""
     order = sorted(range(len(ids)), key=lambda j: ids[j])
     return None if order == list(range(len(ids))) else order
+
+
+def ascending_fc(fc: torch.Tensor, ids: list[int]) -> torch.Tensor:
+    """fc.weight [H, n*H] with its input blocks reordered to ascending capture ids (the order engines fuse)."""
+    order = fc_column_order(ids)
+    if order is None:
+        return fc
+    blocks = fc.chunk(len(ids), dim=1)
+    return torch.cat([blocks[j] for j in order], dim=1)
 
 
 def capture_ids_hf(fmt: str, cfg: dict, layers: int) -> tuple[list[int], bool]:
