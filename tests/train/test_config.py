@@ -144,7 +144,7 @@ def test_every_recipe_in_the_repo_loads():
 
 
 def test_smollm2_recipes_fit_the_real_target_and_share_their_data():
-    """The four chat recipes: valid for SmolLM2-135M's 30 layers / 49,152 tokens, one shared regen + feature cache."""
+    """The six chat recipes: valid for SmolLM2-135M's 30 layers / 49,152 tokens, one shared regen + feature cache."""
     import json
 
     from train.config import with_feature_ids
@@ -152,7 +152,8 @@ def test_smollm2_recipes_fit_the_real_target_and_share_their_data():
     cfg = json.loads((REPO / "tests/data/smollm2-135m-config.json").read_text())
     L, V = cfg["num_hidden_layers"], cfg["vocab_size"]
     recipes = {
-        k: load_recipe(REPO / f"recipes/smollm2-135m/{k}.yaml") for k in ("eagle3", "eagle1", "medusa", "layerskip")
+        k: load_recipe(REPO / f"recipes/smollm2-135m/{k}.yaml")
+        for k in ("eagle3", "eagle1", "medusa", "layerskip", "dflash", "dspark")
     }
     for kind, r in recipes.items():
         text = (REPO / f"recipes/smollm2-135m/{kind}.yaml").read_text()
