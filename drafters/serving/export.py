@@ -193,12 +193,10 @@ def export(
             f"{weights} does not hold a {kind} drafter of its config.json:\n  " + "\n  ".join(map(str, wrong))
         )
     if fmt == "native":
-        if dtype != "keep":
-            raise ValueError("the native format keeps the training dtype (--dtype is for engine formats)")
         card = export_card(ckpt, meta, fmt, meta, name, out, config)
 
         def write_native(tmp: Path) -> None:
-            copy_native(ckpt, tmp)
+            copy_native(ckpt, tmp, DTYPES.get(dtype))
             (tmp / "README.md").write_text(card, encoding="utf-8")
 
         with writing(out):
@@ -259,9 +257,16 @@ def export_card(ckpt: Path, meta: dict, fmt: str, layout: dict, target: str, out
     return model_card(facts)
 
 
-def copy_native(ckpt: Path, tmp: Path) -> None:
+def copy_native(ckpt: Path, tmp: Path, cast: torch.dtype | None = None) -> None:
+    """The checkpoint's files; cast: its floating tensors saved in that dtype (a bf16 copy to ship; loading
+    casts them back to the module's dtype, and the target verifies whatever the drafter proposes)."""
     shutil.copy2(ckpt / "config.json", tmp / "config.json")
-    shutil.copy2(ckpt / "model.safetensors", tmp / "model.safetensors")
+    if cast is None:
+        shutil.copy2(ckpt / "model.safetensors", tmp / "model.safetensors")
+    else:
+        state = load_file(str(ckpt / "model.safetensors"))
+        state = {k: (v.to(cast) if v.is_floating_point() else v).contiguous() for k, v in state.items()}
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     if (ckpt / ADAPTER_DIR).is_dir():
         shutil.copytree(ckpt / ADAPTER_DIR, tmp / ADAPTER_DIR)
 
@@ -278,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--out", required=True, help="output directory (replaced atomically)")
     ap.add_argument("--target", help="target model dir or hub id (default: the one the checkpoint names)")
-    ap.add_argument("--dtype", default="keep", help="keep | float32 | bfloat16 | float16 (engine formats)")
+    ap.add_argument("--dtype", default="keep", help="keep | float32 | bfloat16 | float16 (native too)")
     ap.add_argument(
         "--speculative-tokens",
         type=int,

@@ -58,17 +58,25 @@ class ContextKV:
         return [(k[:, :, : self.n], v[:, :, : self.n]) for k, v in self.kv]
 
 
-def block_rows_fn(module: nn.Module, h: Tensor) -> RowsFn:
-    """Log-probs (fp32) and confidences of block states h [K-1, D] given each row's previous token. DFlash's
-    rows ignore it: all K-1 go through the LM head at once, one batched read of the head."""
+def block_rows_fn(module: nn.Module, h: Tensor, table: Tensor | None = None) -> RowsFn:
+    """Log-probs (fp32) and confidences of block states h [K-1, D] given each row's previous token. All K-1 rows
+    go through the LM head at once, one batched read of the head. DSpark's Markov term is added in logit space:
+    the head is linear, so head(norm(h) + P E[x]) = head(norm(h)) + (W P) E[x], where table = W P [V, r]
+    (DSpark.markov_logit_table, built once per drafter): a step then costs an [n, r] x [r, V] product, not a
+    second read of the [V, D] head per drafted position."""
+    z = module.norm(h)  # [K-1, D]: the head states before any Markov term
+    if not module.conditions_on_prev:  # DFlash: the rows ignore the previous token
+        lp, conf = torch.log_softmax(module.logits(z), -1, dtype=torch.float32), module.confidence(z)
+        return lambda depths, prevs: (lp[depths], None if conf is None else conf[depths])
+    base = module.logits(z).float()  # [K-1, V]
+    table = module.markov_logit_table() if table is None else table
 
-    def run(z: Tensor) -> tuple[Tensor, Tensor | None]:
-        return torch.log_softmax(module.logits(z), dim=-1, dtype=torch.float32), module.confidence(z)
+    def rows(depths: list[int], prevs: list[int]) -> tuple[Tensor, Tensor | None]:
+        e = module.markov.embed(torch.tensor(prevs, device=module.markov.embed.weight.device))  # [n, r]
+        logits = base[depths] + e.to(table) @ table.T
+        return torch.log_softmax(logits, -1), module.confidence(z[depths] + module.markov.proj(e).to(z.dtype))
 
-    if module.conditions_on_prev:
-        return lambda depths, prevs: run(module.head_states(h[depths], torch.tensor(prevs, device=h.device)))
-    lp, conf = run(module.head_states(h, torch.zeros(h.shape[0], dtype=torch.long, device=h.device)))
-    return lambda depths, prevs: (lp[depths], None if conf is None else conf[depths])
+    return rows
 
 
 def draft_chain(rows: RowsFn, anchor: int, k: int, sample: SampleFn, stop: StopRule | None = None) -> DraftTree:
@@ -111,6 +119,7 @@ class BlockDrafter:
         self.ctx = ContextKV()
         self.pending: list[Tensor] = []  # fused context rows [n, D] not yet projected
         self.anchor = 0  # the pending token: verified, not yet seen by the target
+        self.table = module.markov_logit_table() if module.conditions_on_prev else None  # DSpark: [V, r], once
 
     def begin(self, prompt_ids: Tensor, step: TargetStep) -> None:
         self.ctx, self.pending = ContextKV(), []
@@ -141,7 +150,7 @@ class BlockDrafter:
         shape = capped_shape(budget.shape, self.m.block_size - 1)
         if shape.max_depth == 0:
             return DraftTree.empty()
-        rows = block_rows_fn(self.m, self.states())
+        rows = block_rows_fn(self.m, self.states(), self.table)
         if shape.kind == "chain":
             return draft_chain(rows, self.anchor, shape.k, sampler(budget), shape.stop)
         return grow(tree_step(rows), self.anchor, shape, sampler(budget))

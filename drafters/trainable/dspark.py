@@ -79,6 +79,13 @@ class DSpark(DFlash):
         """norm(h) + W E[prev]: the previous token's rank-r bias. h [.., D], prev [..] -> [.., D]"""
         return self.norm(h) + self.markov(prev.to(self.markov.embed.weight.device)).to(h.dtype)
 
+    @torch.no_grad()
+    def markov_logit_table(self) -> Tensor:
+        """W_head P: the logits of each rank direction of the Markov term ([V, D] x [D, r]), so token x's bias on
+        the logits is table @ E[x] (the LM head is linear). For decoding; product in the head's dtype. -> [V, r] fp32"""
+        w = self.target.lm_head.weight
+        return (w @ self.markov.proj.weight.to(w)).float()
+
     def confidence(self, z: Tensor) -> Tensor:
         """P(accepted) of each position. [.., D] -> [..]"""
         return torch.sigmoid(self.conf_head(z.to(self.dtype)).squeeze(-1).float())

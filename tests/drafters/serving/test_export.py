@@ -1,5 +1,5 @@
 """Export to serving layouts and import back: the native round trip for every drafter kind, Medusa's vLLM
-layout, and a dtype cast that keeps index tensors. EAGLE-3's layouts: test_export_eagle3.py; golden Qwen3-14B
+layout, a dtype cast that keeps index tensors, and a bf16 native copy. EAGLE-3's layouts: test_export_eagle3.py; golden Qwen3-14B
 layouts on the meta device: test_export_golden.py; refusals (unfit formats, foreign targets, tampered files,
 failed writes): test_export_refusals.py."""
 
@@ -36,6 +36,25 @@ def test_native_export_round_trip(tmp_path, target_dir, kind):
     loaded = load_drafter(out, fresh)
     assert all(torch.equal(v, loaded.state_dict()[k]) for k, v in m.state_dict().items())
     assert drafts(m.drafter(), target) == drafts(loaded.drafter(), fresh)
+
+
+def test_native_export_in_bf16_halves_the_file_and_loads(tmp_path, target_dir):
+    """A native copy to ship: floating tensors saved in bf16 (half the bytes), loaded back into the fp32 module as
+    their bf16 values; the checkpoint's config is untouched."""
+    target = Target.load(target_dir)
+    m = build("eagle3", target)
+    src = run_dir(tmp_path, m, target_dir)
+    full = export(src, "native", tmp_path / "fp32")
+    half = export(src, "native", tmp_path / "bf16", dtype="bfloat16")
+    assert (half / "config.json").read_text() == (full / "config.json").read_text()
+    state, before = load_file(str(half / "model.safetensors")), load_file(str(full / "model.safetensors"))
+    assert all(
+        v.dtype == (torch.bfloat16 if before[k].is_floating_point() else before[k].dtype) for k, v in state.items()
+    )
+    size = (half / "model.safetensors").stat().st_size
+    assert size < 0.6 * (full / "model.safetensors").stat().st_size
+    loaded = load_drafter(half, target)
+    assert all(torch.equal(v.bfloat16().float(), loaded.state_dict()[k]) for k, v in m.state_dict().items())
 
 
 @pytest.mark.parametrize(

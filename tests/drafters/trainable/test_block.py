@@ -119,6 +119,12 @@ def test_dspark_rows_condition_on_the_previous_token_and_carry_confidence(tiny):
     lp_b, conf_b = rows([0, 1], [5, 9])
     assert torch.equal(lp_a[0], lp_b[0]) and not torch.allclose(lp_a[1], lp_b[1])
     assert conf_a.shape == (2,) and bool(((conf_a > 0) & (conf_a < 1)).all()) and conf_a[1] != conf_b[1]
+    with torch.no_grad():  # the Markov term added in logit space = the head run on norm(h) + P E[prev]
+        m.markov.proj.weight.normal_()
+        z = m.head_states(h[[2, 0, 1]], torch.tensor([4, 5, 9]))
+        lp, conf = block_rows_fn(m, h)([2, 0, 1], [4, 5, 9])
+    torch.testing.assert_close(lp, torch.log_softmax(m.logits(z).float(), -1), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(conf, m.confidence(z))
     flash = build("dflash", tiny).eval()
     lp, conf = block_rows_fn(flash, h)([2, 0], [1, 2])
     assert conf is None and torch.allclose(lp.exp().sum(-1), torch.ones(2))
