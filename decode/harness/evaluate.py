@@ -27,7 +27,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from decode.generate import Generation, add_decode_args, encode_prompt, generate
-from decode.harness.autoshape import AUTO, AutoChoice, pass_cost_curve, resolve
+from decode.harness.autoshape import AUTO, CURVE_TOKENS, AutoChoice, pass_cost_curve, resolve
 from decode.harness.divergence import divergences, print_divergences, print_table
 from decode.harness.hf_peers import HF_FORMS, is_hf_spec, make_hf_peer
 from decode.harness.labels import checkpoint_kind
@@ -169,18 +169,20 @@ def choose_auto_shapes(
     run_dir: str | None,
     calibration_prompts: int = 8,
     file: TextIO = sys.stderr,
+    pass_s: float | None = None,
 ) -> None:
     """--tree auto rows: calibrate on the first turns of a few conversations spread evenly over the list (one
     per category where the list runs category by category, as MT-bench and Spec-Bench do: the first few alone
     would all be writing prompts), measure the pass-cost curve once, fix each row's shape, and print the
-    choice with its predicted speedup."""
+    choice with its predicted speedup. pass_s: size them for a target pass of that many seconds at any row count
+    (a streamed target) instead of the curve measured here."""
     pending = [r for _, r in runners if isinstance(r, DecoderRun) and r.shape is None]
     if not pending:
         return
     n = min(calibration_prompts, len(convs))
     spread = [convs[i * len(convs) // n] for i in range(n)]
     prompts = [encode_prompt(target, *render_turn(target.tokenizer, c.turns[:1], [])) for c in spread]
-    curve = pass_cost_curve(target)
+    curve = pass_cost_curve(target) if pass_s is None else dict.fromkeys(CURVE_TOKENS, pass_s)
     for r in pending:
         print(f"auto: {r.name} -> {r.choose_shape(prompts, curve, run_dir).describe()}", file=file)
 
@@ -203,7 +205,7 @@ def evaluate(
     (where it left AR's tokens and AR's top-2 logit margin there). run_dir: where calibrations of SPEC
     drafters without a directory are cached. workers: processes the conversations are dealt to (`interleaved`).
     """
-    choose_auto_shapes(target, runners, convs, run_dir)
+    choose_auto_shapes(target, runners, convs, run_dir, pass_s=cfg.auto_pass_s)
     runs, ratios = interleaved(target, runners, convs, cfg, progress, workers)
     settings = {
         **(meta or {}),
@@ -215,6 +217,7 @@ def evaluate(
         "tree": cfg.tree,
         "draft_len": cfg.draft_len,
         "policy": cfg.policy,
+        "auto_pass_s": cfg.auto_pass_s,
         "seed": cfg.seed,
         "torch_threads": 1 if workers > 1 else torch.get_num_threads(),
         "timing": "interleaved by conversation",
@@ -258,6 +261,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="S",
         help="target-pass costs (seconds) for the cost model",
     )
+    ap.add_argument(
+        "--auto-pass-s",
+        type=float,
+        default=None,
+        metavar="S",
+        help="size --tree auto rows for a target pass of S seconds (a streamed target) instead of the measured one",
+    )
     ap.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up generation per drafter")
     ap.add_argument(
         "--threads",
@@ -300,7 +310,10 @@ def main(argv: list[str] | None = None) -> int:
             args.policy,
             args.seed,
             not args.no_warmup,
+            args.auto_pass_s,
         )
+        if cfg.auto_pass_s is not None and not cfg.auto_pass_s > 0:
+            raise ValueError(f"--auto-pass-s must be > 0 seconds, got {cfg.auto_pass_s}")
         if cfg.tree != AUTO:
             parse_shape(cfg.tree, cfg.draft_len)  # fail on a bad --tree before loading anything
         make_policy(cfg.policy)

@@ -35,6 +35,7 @@ class EvalConfig:
     policy: str = "fixed"
     seed: int = 0  # turn i is decoded with seed + i in every run
     warmup: bool = True  # one short untimed generation per run first (lazy init, allocator warm-up)
+    auto_pass_s: float | None = None  # size `auto` rows for a target pass of this many seconds; None: measured
 
 
 class Runner(Protocol):

@@ -230,6 +230,23 @@ def test_auto_run_is_lossless_and_reports_predicted_vs_measured(stories, tmp_pat
     assert lookup["auto"]["predicted_tau"] is None and lookup["shape"] == "chain k=8"  # its own trees: not sized
 
 
+def test_auto_pass_s_sizes_the_shape_for_a_streamed_target(stories, tmp_path):
+    """--auto-pass-s 20: a pass of 20 s at any row count, so drafting is free beside it and the predicted speedup
+    is the predicted τ; the choice expects at least the τ of the shape sized for the pass measured here."""
+    convs = [Conversation(str(i), "story", (t,)) for i, t in enumerate(["Once upon a time", "Lily had a cat"])]
+    auto = {}
+    for pass_s in (None, 20.0):
+        cfg = EvalConfig(max_new_tokens=16, tree="auto", warmup=False, auto_pass_s=pass_s)
+        report = evaluate(
+            stories, prepare(stories, ["early-exit:2"], cfg), convs, cfg, progress=False, run_dir=str(tmp_path)
+        )
+        assert report["settings"]["auto_pass_s"] == pass_s and report["drafters"][1]["matches_ar"]
+        auto[pass_s] = report["drafters"][1]["auto"]
+    streamed = auto[20.0]
+    assert streamed["predicted_speedup_vs_ar"] == pytest.approx(streamed["predicted_tau"], rel=1e-3)
+    assert streamed["predicted_tau"] >= auto[None]["predicted_tau"] and streamed["predicted_round_s"] > 20.0
+
+
 def test_generate_cli_tree_auto_prints_its_choice(capsys):
     from decode.generate import main
 

@@ -75,6 +75,12 @@ def prompts_not_utf8(tmp, base):
 
 
 @case
+def auto_pass_s_not_positive(tmp, base):
+    opts = ("--tree", "auto", "--auto-pass-s", "0")
+    return ev(base, lines(tmp, "p.txt", "Once"), tmp / "out", *opts), r"--auto-pass-s must be > 0 seconds, got 0\.0"
+
+
+@case
 def evaluate_out_is_a_file(tmp, base):
     (tmp / "out").write_text("mine\n")
     return ev(base, lines(tmp, "p.txt", "Once"), tmp / "out"), r"--out .*out is a file, not a directory"
