@@ -61,7 +61,7 @@ class ContextKV:
 def block_rows_fn(module: nn.Module, h: Tensor, table: Tensor | None = None) -> RowsFn:
     """Log-probs (fp32) and confidences of block states h [K-1, D] given each row's previous token. All K-1 rows
     go through the LM head at once, one batched read of the head. DSpark's Markov term is added in logit space:
-    the head is linear, so head(norm(h) + P E[x]) = head(norm(h)) + (W P) E[x], where table = W P [V, r]
+    the head is linear, so head(norm(h) + P E[x]) = head(norm(h)) + E[x] (W P)^T, where table = (W P)^T [r, V]
     (DSpark.markov_logit_table, built once per drafter): a step then costs an [n, r] x [r, V] product, not a
     second read of the [V, D] head per drafted position."""
     z = module.norm(h)  # [K-1, D]: the head states before any Markov term
@@ -73,7 +73,7 @@ def block_rows_fn(module: nn.Module, h: Tensor, table: Tensor | None = None) -> 
 
     def rows(depths: list[int], prevs: list[int]) -> tuple[Tensor, Tensor | None]:
         e = module.markov.embed(torch.tensor(prevs, device=module.markov.embed.weight.device))  # [n, r]
-        logits = base[depths] + e.to(table) @ table.T
+        logits = base[depths] + e.to(table) @ table
         return torch.log_softmax(logits, -1), module.confidence(z[depths] + module.markov.proj(e).to(z.dtype))
 
     return rows
@@ -119,7 +119,7 @@ class BlockDrafter:
         self.ctx = ContextKV()
         self.pending: list[Tensor] = []  # fused context rows [n, D] not yet projected
         self.anchor = 0  # the pending token: verified, not yet seen by the target
-        self.table = module.markov_logit_table() if module.conditions_on_prev else None  # DSpark: [V, r], once
+        self.table = module.markov_logit_table() if module.conditions_on_prev else None  # DSpark: [r, V], once
 
     def begin(self, prompt_ids: Tensor, step: TargetStep) -> None:
         self.ctx, self.pending = ContextKV(), []
