@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from scripts.curve_points import FIELD, paired_delta, ratio
+from scripts.curve_points import FIELD, chain_depths, paired_delta, ratio
 
 
 def plot(points: list[dict], shapes: list[str], path: Path) -> None:
@@ -20,15 +20,18 @@ def plot(points: list[dict], shapes: list[str], path: Path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.8), constrained_layout=True)
     styles = ["-", "--", ":", "-."]
     for i, run in enumerate(runs):
-        pts = sorted((p for p in points if p["run"] == run), key=lambda p: p["step"])
+        pts_all = sorted((p for p in points if p["run"] == run), key=lambda p: p["step"])
         color = f"C{i}"
         for j, s in enumerate(shapes):
+            pts = [p for p in pts_all if s in p["shapes"]]  # a run may lack a shape (a block drafter: no chain-8)
+            if not pts:
+                continue
             y = [p["shapes"][s]["tau"] for p in pts]
             axes[0].plot([p["step"] for p in pts], y, styles[j % 4], color=color, marker="o", label=f"{run} · {s}")
             tok = [(p["trained_tokens"], v) for p, v in zip(pts, y) if p.get("trained_tokens")]
             if tok:
                 axes[1].plot(*zip(*tok), styles[j % 4], color=color, marker="o", label=f"{run} · {s}")
-        r = [(p["step"], ratio(p["shapes"].get("chain-8", {}).get("by_depth", []))) for p in pts]
+        r = [(p["step"], ratio(chain_depths(p))) for p in pts_all]
         r = [(x, v) for x, v in r if v is not None]
         if r:
             axes[2].plot(*zip(*r), "-", color=color, marker="o", label=run)
@@ -41,7 +44,7 @@ def plot(points: list[dict], shapes: list[str], path: Path) -> None:
     for ax, xl, yl in [
         (axes[0], "optimizer steps", "τ (tokens per target pass)"),
         (axes[1], "trained tokens", "τ"),
-        (axes[2], "optimizer steps", "depth-2 / depth-1 (chain 8)"),
+        (axes[2], "optimizer steps", "depth-2 / depth-1 (longest chain)"),
     ]:
         ax.set_xscale("log")
         ax.set_xlabel(xl)

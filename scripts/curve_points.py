@@ -96,6 +96,12 @@ def paired_delta(run: list[float], base: list[float]) -> tuple[float, float]:
     return d.mean().item(), se
 
 
+def chain_depths(p: dict) -> list[float]:
+    """Acceptance by depth of the point's longest chain (chain-8; a block drafter of 8 drafts chain-7 at most)."""
+    chains = sorted((int(k.removeprefix("chain-")), v) for k, v in p["shapes"].items() if k.startswith("chain-"))
+    return chains[-1][1].get("by_depth", []) if chains else []
+
+
 def delta_text(p: dict, points: list[dict], shapes: list[str]) -> str:
     """The 'Δ τ vs base' cell of a lever table: per shape, the paired difference to the base run's point at the
     same step (else its last), where both carry per-prompt τ over the same number of prompts."""
@@ -104,7 +110,7 @@ def delta_text(p: dict, points: list[dict], shapes: list[str]) -> str:
         return "-"
     cells = []
     for s in shapes:
-        a, b = p["shapes"][s].get("per_prompt"), base[0]["shapes"].get(s, {}).get("per_prompt")
+        a, b = p["shapes"].get(s, {}).get("per_prompt"), base[0]["shapes"].get(s, {}).get("per_prompt")
         if a and b and len(a) == len(b):
             m, se = paired_delta(a, b)
             cells.append(f"{s} {m:+.3f} ± {se:.3f}")
@@ -124,19 +130,19 @@ def write_table(points: list[dict], shapes: list[str], path: Path) -> str:
         + ("changes (vs the base run) | " if levers else "")
         + "step | trained tokens | "
         + " | ".join(f"τ {s}" for s in shapes)
-        + " | chain-8 acceptance by depth 1–3 | depth-2 / depth-1 |"
+        + " | longest chain's acceptance by depth 1–3 | depth-2 / depth-1 |"
         + (" Δ τ vs base (paired, ± SE over prompts) |" if levers else "")
     )
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for p in sorted(points, key=lambda p: (p["run"], p["step"])):
-        c8 = p["shapes"].get("chain-8", {}).get("by_depth", [])
+        c8 = chain_depths(p)
         r = ratio(c8)
         tok = f"{p['trained_tokens']:,}" if p.get("trained_tokens") else "-"
         changes = f"{p.get('lever', '-')} | " if levers else ""
         name = p["run"] + (f" (from {Path(p['reference']).name})" if p.get("reference") else "")
         lines.append(
             f"| {name} | {changes}{p['step']} | {tok} | "
-            + " | ".join(f"{p['shapes'][s]['tau']:.3f}" for s in shapes)
+            + " | ".join(f"{p['shapes'][s]['tau']:.3f}" if s in p["shapes"] else "-" for s in shapes)
             + f" | {', '.join(f'{a:.3f}' for a in c8[:3])} | {'-' if r is None else f'{r:.2f}'} |"
             + (f" {delta_text(p, points, shapes)} |" if levers else "")
         )
