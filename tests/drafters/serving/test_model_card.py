@@ -202,3 +202,44 @@ def test_shipped_drafter_has_its_card():
     assert f"| chain k=8 | {mt['tau_chain_k8']} |" in body
     assert f"| tree dynamic:topk=8,depth=6,nodes=24 | {mt['tau_tree_dynamic_topk8_depth6_nodes24']} |" in body
     assert "--speculative-draft-model-path recipes/smollm2-135m/drafters/eagle3" in body
+
+
+SHIPPED_BLOCK = REPO / "recipes" / "smollm2-135m" / "drafters" / "dspark"
+CHAT_TARGET = REPO / "recipes" / "targets" / "smollm2-135m-instruct"
+
+
+def test_shipped_block_drafter_is_a_bf16_native_dspark_under_32_mb_with_its_card():
+    """recipes/smollm2-135m/drafters/dspark: the best block drafter, a native DSpark checkpoint saved in bf16 (the
+    module loads it into fp32 or the target's dtype), with its card: the sections, the 80-turn figures recorded in
+    its config.json, and no path of the machine that trained it."""
+    from safetensors import safe_open
+
+    cfg = json.loads((SHIPPED_BLOCK / "config.json").read_text())
+    assert cfg["draftsmith_drafter"] == "dspark" and cfg["config"]["block_size"] == 8
+    weights = SHIPPED_BLOCK / "model.safetensors"
+    assert weights.stat().st_size < 32 * 2**20
+    with safe_open(str(weights), "pt") as f:
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}
+    meta, body = split((SHIPPED_BLOCK / "README.md").read_text())
+    assert meta["base_model"] == cfg["target"]["name_or_path"] and "dspark" in meta["tags"]
+    assert [ln for ln in body.splitlines() if ln.startswith("## ")] == SECTIONS
+    mt = cfg["draftsmith"]["measured"]["mt_bench_80_first_turns_64_tokens_fp32"]
+    assert f"| chain k=7 | {mt['tau_chain_k7']} |" in body
+    assert "/root/" not in body + json.dumps(cfg) and "fetch:sharegpt-first-turns" in body
+
+
+@pytest.mark.skipif(not (CHAT_TARGET / "model.safetensors").is_file(), reason="draftsmith fetch smollm2-135m-instruct")
+def test_shipped_block_drafter_decodes_the_chat_target_losslessly():
+    """On the fetched chat target in fp32 the shipped DSpark drafts 7-token chains and the output is AR's."""
+    from decode.generate import encode_prompt, generate
+    from decode.sampling import SamplingConfig
+    from decode.tree import Shape
+    from drafters.registry import make_drafter
+
+    target = Target.load(CHAT_TARGET, dtype="float32")
+    ids = encode_prompt(target, "Name three colours of the rainbow.")
+    ar = generate(target, make_drafter("ar", target), ids, 24, SamplingConfig(), Shape())
+    out = generate(
+        target, make_drafter(str(SHIPPED_BLOCK), target), ids, 24, SamplingConfig(), Shape(kind="chain", k=7)
+    )
+    assert out.tokens == ar.tokens and out.stats.drafter_passes > 0
