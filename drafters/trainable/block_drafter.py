@@ -72,9 +72,8 @@ def block_rows_fn(module: nn.Module, h: Tensor, table: Tensor | None = None) -> 
     table = module.markov_logit_table() if table is None else table
 
     def rows(depths: list[int], prevs: list[int]) -> tuple[Tensor, Tensor | None]:
-        e = module.markov.embed(torch.tensor(prevs, device=module.markov.embed.weight.device))  # [n, r]
-        logits = base[depths] + e.to(table) @ table
-        return torch.log_softmax(logits, -1), module.confidence(z[depths] + module.markov.proj(e).to(z.dtype))
+        logit_bias, state_bias = module.markov_terms(torch.tensor(prevs), table)  # [n, V], [n, D]
+        return torch.log_softmax(base[depths] + logit_bias, -1), module.confidence(z[depths] + state_bias.to(z.dtype))
 
     return rows
 

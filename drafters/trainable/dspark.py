@@ -87,6 +87,12 @@ class DSpark(DFlash):
         w = self.target.lm_head.weight
         return (self.markov.proj.weight.T.to(w) @ w.T).float().contiguous()
 
+    def markov_terms(self, prev: Tensor, table: Tensor) -> tuple[Tensor, Tensor]:
+        """The previous tokens' Markov term twice: on the logits through `table` (markov_logit_table) and on the head
+        states (what the confidence head reads). prev [n] -> ([n, V] fp32, [n, D])"""
+        e = self.markov.embed(prev.to(self.markov.embed.weight.device))  # [n, r]
+        return e.to(table) @ table, self.markov.proj(e)
+
     def confidence(self, z: Tensor) -> Tensor:
         """P(accepted) of each position. [.., D] -> [..]"""
         return torch.sigmoid(self.conf_head(z.to(self.dtype)).squeeze(-1).float())
