@@ -48,7 +48,10 @@ def build_drafter(recipe, target, train_ds, rank: int = 0) -> torch.nn.Module:
     cfg = recipe.drafter.selected()
     if recipe.drafter.kind == "eagle3":
         return cls(target, cfg, token_counts=token_counts(train_ds, target.vocab_size), seed=recipe.seed, rank=rank)
-    if recipe.drafter.kind in ("eagle1", "dflash", "dspark"):  # their training draws: noise, anchors
+    if recipe.drafter.kind in ("dflash", "dspark"):  # anchors drawn per step; a draft vocabulary from the data
+        counts = token_counts(train_ds, target.vocab_size) if cfg.draft_vocab_size else None
+        return cls(target, cfg, seed=recipe.seed, rank=rank, token_counts=counts)
+    if recipe.drafter.kind == "eagle1":  # its training noise
         return cls(target, cfg, seed=recipe.seed, rank=rank)
     return cls(target, cfg)
 

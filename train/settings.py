@@ -210,6 +210,7 @@ CHECKS: dict[str, Check] = {
     "drafter.dflash.ce_weight": at_least(0.0),
     "drafter.dflash.l1_weight": at_least(0.0),
     "drafter.dflash.gamma": above(0.0, "the position decay's scale"),
+    "drafter.dflash.draft_vocab_size": at_least(0, "0 = the target's whole vocabulary"),
     "drafter.dspark.capture_ids": each(NONNEG),
     "drafter.dspark.num_layers": POS,
     "drafter.dspark.block_size": at_least(2, "the anchor + at least 1 masked position"),
@@ -219,6 +220,7 @@ CHECKS: dict[str, Check] = {
     "drafter.dspark.ce_weight": at_least(0.0),
     "drafter.dspark.l1_weight": at_least(0.0),
     "drafter.dspark.gamma": above(0.0, "the position decay's scale"),
+    "drafter.dspark.draft_vocab_size": at_least(0, "0 = the target's whole vocabulary"),
     "drafter.dspark.markov_rank": POS,
     "drafter.dspark.conf_weight": at_least(0.0),
 }

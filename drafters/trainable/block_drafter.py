@@ -58,17 +58,21 @@ class ContextKV:
         return [(k[:, :, : self.n], v[:, :, : self.n]) for k, v in self.kv]
 
 
-def block_rows_fn(module: nn.Module, h: Tensor, table: Tensor | None = None) -> RowsFn:
+def block_rows_fn(
+    module: nn.Module, h: Tensor, table: Tensor | None = None, head: Callable[[Tensor], Tensor] | None = None
+) -> RowsFn:
     """Log-probs (fp32) and confidences of block states h [K-1, D] given each row's previous token. All K-1 rows
     go through the LM head at once, one batched read of the head. DSpark's Markov term is added in logit space:
     the head is linear, so head(norm(h) + P E[x]) = head(norm(h)) + E[x] (W P)^T, where table = (W P)^T [r, V]
     (DSpark.markov_logit_table, built once per drafter): a step then costs an [n, r] x [r, V] product, not a
-    second read of the [V, D] head per drafted position."""
+    second read of the [V, D] head per drafted position. head: module.decode_head() (default module.logits); with
+    a draft vocabulary the rows are over its N columns (the protocol's `vocab` maps them to target ids)."""
+    head = module.logits if head is None else head
     z = module.norm(h)  # [K-1, D]: the head states before any Markov term
     if not module.conditions_on_prev:  # DFlash: the rows ignore the previous token
-        lp, conf = torch.log_softmax(module.logits(z), -1, dtype=torch.float32), module.confidence(z)
+        lp, conf = torch.log_softmax(head(z), -1, dtype=torch.float32), module.confidence(z)
         return lambda depths, prevs: (lp[depths], None if conf is None else conf[depths])
-    base = module.logits(z).float()  # [K-1, V]
+    base = head(z).float()  # [K-1, V or N]
     table = module.markov_logit_table() if table is None else table
 
     def rows(depths: list[int], prevs: list[int]) -> tuple[Tensor, Tensor | None]:
@@ -78,20 +82,23 @@ def block_rows_fn(module: nn.Module, h: Tensor, table: Tensor | None = None) -> 
     return rows
 
 
-def draft_chain(rows: RowsFn, anchor: int, k: int, sample: SampleFn, stop: StopRule | None = None) -> DraftTree:
+def draft_chain(
+    rows: RowsFn, anchor: int, k: int, sample: SampleFn, stop: StopRule | None = None, vocab: Tensor | None = None
+) -> DraftTree:
     """Up to k tokens, position d drawn by `sample` from its row given the token before it; `stop(confidences
-    so far)` may end the chain early. conf = the confidence head's P(accepted), else the drafted token's prob."""
+    so far)` may end the chain early. conf = the confidence head's P(accepted), else the drafted token's prob.
+    vocab [N]: the target id of each row column (a draft vocabulary; None: the columns are the ids)."""
     tokens, qs, conf = [], [], []
     prev = anchor
     for d in range(k):
         lp, c = rows([d], [prev])
         col, q = sample(lp[0])
-        tokens.append(col)
+        prev = col if vocab is None else int(vocab[col])
+        tokens.append(prev)
         qs.append(q)
         conf.append(float(c[0]) if c is not None else float(lp[0, col].exp()))
         if stop is not None and stop(conf):
             break
-        prev = col
     q = torch.stack(qs) if qs[0] is not None else None
     return DraftTree.chain(tokens, q, torch.tensor(conf))
 
@@ -119,6 +126,9 @@ class BlockDrafter:
         self.pending: list[Tensor] = []  # fused context rows [n, D] not yet projected
         self.anchor = 0  # the pending token: verified, not yet seen by the target
         self.table = module.markov_logit_table() if module.conditions_on_prev else None  # DSpark: [r, V], once
+        self.head = module.decode_head()  # the target's packed head, or the draft vocabulary's rows packed once
+        self.vocab = module.draft_ids  # target id of each logit column [N] (None: the whole vocabulary)
+        self.vocab_size = module.target.vocab_size
 
     def begin(self, prompt_ids: Tensor, step: TargetStep) -> None:
         self.ctx, self.pending = ContextKV(), []
@@ -149,7 +159,8 @@ class BlockDrafter:
         shape = capped_shape(budget.shape, self.m.block_size - 1)
         if shape.max_depth == 0:
             return DraftTree.empty()
-        rows = block_rows_fn(self.m, self.states(), self.table)
+        rows = block_rows_fn(self.m, self.states(), self.table, self.head)
+        sample = sampler(budget, self.vocab, self.vocab_size)
         if shape.kind == "chain":
-            return draft_chain(rows, self.anchor, shape.k, sampler(budget), shape.stop)
-        return grow(tree_step(rows), self.anchor, shape, sampler(budget))
+            return draft_chain(rows, self.anchor, shape.k, sample, shape.stop, self.vocab)
+        return grow(tree_step(rows), self.anchor, shape, sample, self.vocab)

@@ -8,7 +8,9 @@ block_ops.py). Only rows with a loss go through the LM head. Block position i at
 - plus `l1_weight` x (1 - α), α = Σ min(p, q): the L1 distance of the two distributions halved (DSpark);
 - or with train.loss=lk the LK loss (drafters/trainable/lk.py) in place of both;
 positions weighted by position_weights (decay exp(-(i-1)/gamma) when `position_decay`) and averaged, plus
-the module's extra term (DSpark: its confidence head's BCE).
+the module's extra term (DSpark: its confidence head's BCE). With a draft vocabulary the logits cover its N
+columns, the teacher is renormalised over them, and rows whose target (argmax, or the token for `ce`) lies
+outside it are skipped, as EAGLE-3 does: the drafter can never propose that token.
 """
 
 from __future__ import annotations
@@ -65,22 +67,22 @@ def position_terms(module, logits: Tensor, taught: dict, labels: Tensor, masks: 
     """Each block position's loss from logits [1, M, V] of M loss rows against their teacher rows `taught`
     (labels [1, M]: the data's tokens); masks[i] [1, M] = the rows of position i + 1. -> (losses, metrics)"""
     cfg, obj, L = module.config, module.objective, module.target.num_layers
-    lm_head = module.target.lm_head
+    lm_head, vocab = module.target.lm_head, module.draft_ids
     if obj.lk:  # the LK loss replaces both terms
-        (alpha,), kls = overlap_rows([logits], taught, lm_head, L, with_kl=obj.variant == "lambda")
+        (alpha,), kls = overlap_rows([logits], taught, lm_head, L, vocab, with_kl=obj.variant == "lambda")
         kl = kls[0] if kls else None
         losses = [lk_loss(alpha, kl, m, obj) for m in masks]
         alphas = [masked_mean(alpha, m).detach() for m in masks]
         return losses, {**loss_metrics("lk", losses), **loss_metrics("alpha", alphas)}
     if cfg.loss == "ce":
-        term = hard_ce(logits, labels)
+        term = hard_ce(logits, module.columns(labels))
     else:
-        (term,) = distill_rows([logits], [0], taught, lm_head, L, "kl")
+        (term,) = distill_rows([logits], [0], taught, lm_head, L, "kl", vocab)
     terms = [masked_mean(term, m) for m in masks]
     metrics = loss_metrics(cfg.loss, terms)
     losses = [cfg.ce_weight * t for t in terms]
     if cfg.l1_weight > 0:
-        (alpha,), _ = overlap_rows([logits], taught, lm_head, L)
+        (alpha,), _ = overlap_rows([logits], taught, lm_head, L, vocab)
         alphas = [masked_mean(alpha, m) for m in masks]
         losses = [lo + cfg.l1_weight * (1 - a) for lo, a in zip(losses, alphas)]
         metrics.update(loss_metrics("alpha", alphas))
@@ -92,14 +94,18 @@ def block_loss(module, batch: dict, step: int = 0) -> tuple[Tensor, dict[str, fl
     L, k = module.target.num_layers, module.block_size
     argmax = teacher_argmax(batch, module.target.lm_head, L)  # [B, T]
     h, rows, valid = block_states(module, batch, module.anchor_generator(step))
+    ids = batch["input_ids"]
+    if module.draft_ids is not None:  # a draft vocabulary: skip the rows whose target it cannot propose
+        bidx = torch.arange(rows.shape[0], device=rows.device)[:, None, None]
+        want = ids[bidx, rows] if module.config.loss == "ce" else argmax[bidx, (rows - 1).clamp(min=0)]
+        valid = valid & module.t2d[want]
     b, a, i = valid.nonzero(as_tuple=True)  # [M] each: the loss rows, i in 1..K-1
     src = rows[b, a, i] - 1  # the teacher's row: P_{p+i-1} predicts token p+i
-    ids = batch["input_ids"]
     z = module.head_states(h[b, a, i], ids[b, src])  # [M, D]; DSpark: the previous token's Markov term
-    logits = module.logits(z)[None]  # [1, M, V]
+    logits = module.logits(z)[None]  # [1, M, V] (or [1, M, N] over a draft vocabulary)
     masks = [(i == j)[None] for j in range(1, k)]  # [1, M] per block position
     losses, metrics = position_terms(module, logits, gather_rows(batch, b, src, L), ids[b, rows[b, a, i]][None], masks)
-    hit = logits[0].argmax(-1) == argmax[b, src]  # [M]
+    hit = module.columns(argmax[b, src]) == logits[0].argmax(-1)  # [M]
     weights = position_weights(k - 1, module.config.position_decay, module.config.gamma)
     total = sum(w * lo for w, lo in zip(weights, losses)) / sum(weights)
     extra = extra_loss(module, z, hit, masks)
@@ -134,6 +140,6 @@ def block_accuracy(module, batch: dict, depth: int | None = None, topk: int = 1)
     for i in range(1, depth + 1):
         src = (rows[..., i] - 1).clamp(min=0)  # [B, A]
         z = module.head_states(h[:, :, i], batch["input_ids"][bidx, src])
-        correct.append(in_topk(module.logits(z), argmax[bidx, src], topk))
+        correct.append(in_topk(module.logits(z), module.columns(argmax[bidx, src]), topk))
         valids.append(valid[..., i])
     return conditional_accuracy(correct, valids)

@@ -10,12 +10,15 @@ and the target's frozen LM head (shared, like the embedding). Block position i p
 
 Keys: `fc.weight`, `hidden_norm.weight`, `layers.{l}.*` (draft_layer.py's Llama layer names; with `qk_norm` also
 `self_attn.{q,k}_norm.weight`, the layer vLLM's qwen3_dflash.py builds), `norm.weight`, `mask_embedding` (learned
-mask only). Training (`loss`, drafters/trainable/block_loss.py) runs many anchors of a
-sequence in one pass; decoding (`drafter()`, drafters/trainable/block_drafter.py) caches the context's K/V.
+mask only), and with `draft_vocab_size` N the buffers `d2t`, `t2d` (EAGLE-3's maps): the head then scores only the
+rows of the N most frequent training tokens, so each drafted position reads N/V of it. Training (`loss`,
+drafters/trainable/block_loss.py) runs many anchors of a sequence in one pass; decoding (`drafter()`,
+drafters/trainable/block_drafter.py) caches the context's K/V.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -24,12 +27,13 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from transformers.models.llama.modeling_llama import rotate_half
 
+from decode.runtime import Packed
 from decode.target import Target
 from drafters.trainable.block_drafter import BlockDrafter
 from drafters.trainable.block_loss import block_accuracy, block_loss
 from drafters.trainable.block_ops import KVPair
 from drafters.trainable.draft_layer import DraftAttention, DraftLayer, LayerSizes, RMSNorm
-from drafters.trainable.eagle3 import default_capture_ids
+from drafters.trainable.eagle3 import build_draft_vocab, default_capture_ids
 from drafters.trainable.lk import KL
 from drafters.trainable.noise import noise_seed
 from drafters.trainable.target_layer import QKNormDraftLayer
@@ -51,6 +55,9 @@ class DFlashConfig:
     position_decay: bool = False  # weight block position i by exp(-(i-1)/gamma) (DFlash, D-PACE)
     gamma: float = 4.0  # the decay's scale (DFlash: 4 for blocks of 8, 7 for 16)
     qk_norm: bool = False  # Qwen3's per-head RMSNorm on q and k, context keys too (vLLM's DFlash layers always have it)
+    # 0 = the target's whole vocabulary; N: the frozen head reads only the rows of the N most frequent training
+    # tokens (no new weights: a cheaper head per drafted position, as EAGLE-3's draft vocabulary)
+    draft_vocab_size: int = 0
 
     def __post_init__(self) -> None:
         if self.block_size < 2:
@@ -59,6 +66,8 @@ class DFlashConfig:
             raise ValueError(f"num_layers and anchors must be >= 1, got {self.num_layers}, {self.anchors}")
         if not (self.gamma > 0 and self.ce_weight >= 0 and self.l1_weight >= 0):
             raise ValueError("gamma must be > 0, ce_weight and l1_weight >= 0")
+        if self.draft_vocab_size < 0:
+            raise ValueError(f"draft_vocab_size {self.draft_vocab_size}: 0 = the target's vocabulary, else N >= 1")
 
     def resolved(self, num_layers: int, vocab_size: int) -> DFlashConfig:
         """Defaults filled in for a target, checked (capture ids and the mask token in range)."""
@@ -74,7 +83,8 @@ class DFlashConfig:
                 f"mask_token_id {self.mask_token_id} is outside the target's vocabulary 0..{vocab_size - 1}; "
                 "use -1 for a learned mask embedding"
             )
-        return replace(self, capture_ids=ids)
+        n = self.draft_vocab_size
+        return replace(self, capture_ids=ids, draft_vocab_size=0 if n >= vocab_size else n)
 
     def feature_ids(self, num_layers: int) -> tuple[int, ...]:
         """Hidden ids a training batch needs: the capture ids, and L for the target's distribution."""
@@ -138,8 +148,16 @@ class DFlash(nn.Module):
     objective = KL  # the distillation term's objective (train.loss; lk.use_objective sets it)
     conditions_on_prev = False  # DSpark's head states read the previous token; DFlash's positions never do
 
-    def __init__(self, target: Target, config: DFlashConfig | None = None, seed: int = 0, rank: int = 0) -> None:
-        """seed, rank: of the training anchors' draws."""
+    def __init__(
+        self,
+        target: Target,
+        config: DFlashConfig | None = None,
+        seed: int = 0,
+        rank: int = 0,
+        token_counts: Tensor | None = None,
+    ) -> None:
+        """seed, rank: of the training anchors' draws; token_counts [V]: training-token frequencies that pick the
+        draft vocabulary (draft_vocab_size > 0; None: the first N ids, replaced by a checkpoint's own d2t/t2d)."""
         super().__init__()
         self.target = target  # a plain attribute: the frozen target is not part of this module
         for piece in (target.embed_tokens, target.lm_head, target.norm):
@@ -160,6 +178,11 @@ class DFlash(nn.Module):
         with torch.no_grad():
             self.norm.weight.copy_(target.norm.weight)
         self.draws = AnchorDraws(seed, rank)
+        if cfg.draft_vocab_size:  # buffers, so a checkpoint carries the vocabulary its drafts were trained on
+            counts = torch.arange(target.vocab_size, 0, -1) if token_counts is None else token_counts
+            d2t, t2d = build_draft_vocab(counts, cfg.draft_vocab_size)
+            self.register_buffer("d2t", d2t.to(target.device))
+            self.register_buffer("t2d", t2d.to(target.device))
 
     @staticmethod
     def default_config() -> DFlashConfig:
@@ -229,8 +252,42 @@ class DFlash(nn.Module):
         """The states the LM head reads: norm(h) (DSpark adds its Markov term of `prev`). h [.., D], prev [..]"""
         return self.norm(h)
 
+    @property
+    def draft_ids(self) -> Tensor | None:
+        """Target id of each logit column [N] with a draft vocabulary; None: the columns are the target's ids."""
+        if not self.config.draft_vocab_size:
+            return None
+        return torch.arange(self.d2t.numel(), device=self.d2t.device) + self.d2t
+
+    def columns(self, ids: Tensor) -> Tensor:
+        """The logit column of each target id (-1: outside the draft vocabulary). [..] -> [..]"""
+        if not self.config.draft_vocab_size:
+            return ids
+        col = torch.cumsum(self.t2d.long(), 0) - 1
+        return torch.where(self.t2d[ids], col[ids], -1)
+
+    def head_weight(self) -> Tensor:
+        """The rows of the target's frozen LM head the drafter scores: [N, D] (all V without a draft vocabulary)."""
+        w = self.target.lm_head.weight
+        ids = self.draft_ids
+        return w if ids is None else w[ids.to(w.device)]
+
+    def decode_head(self) -> Callable[[Tensor], Tensor]:
+        """logits() for decoding: the target's packed head, or the draft-vocabulary rows packed once."""
+        if not self.config.draft_vocab_size:
+            return self.logits
+        w = self.head_weight()
+        rows = nn.Linear(w.shape[1], w.shape[0], bias=False, device="meta")
+        rows.weight = nn.Parameter(w.detach(), requires_grad=False)
+        packed = Packed.of([rows], keep_rows=True)
+        return lambda z: packed(z.to(w.dtype))
+
     def logits(self, z: Tensor) -> Tensor:
-        """The target's frozen LM head (through its packed runtime when decoding: decode.runtime). [.., D] -> [.., V]"""
+        """The target's frozen LM head (through its packed runtime when decoding: decode.runtime), over the draft
+        vocabulary's rows when there is one. [.., D] -> [.., V] or [.., N]"""
+        if self.config.draft_vocab_size:
+            w = self.head_weight()
+            return F.linear(z.to(w.dtype), w)
         fast = self.target.fast()
         if fast is not None:
             return fast.head(z.to(self.target.dtype))

@@ -63,8 +63,15 @@ class DSpark(DFlash):
     kind = "dspark"
     conditions_on_prev = True
 
-    def __init__(self, target: Target, config: DSparkConfig | None = None, seed: int = 0, rank: int = 0) -> None:
-        super().__init__(target, config, seed, rank)
+    def __init__(
+        self,
+        target: Target,
+        config: DSparkConfig | None = None,
+        seed: int = 0,
+        rank: int = 0,
+        token_counts: Tensor | None = None,
+    ) -> None:
+        super().__init__(target, config, seed, rank, token_counts)
         H = target.hidden_size
         self.config = replace(self.config, markov_rank=min(self.config.markov_rank, H))
         with torch.device(target.device):
@@ -83,8 +90,9 @@ class DSpark(DFlash):
     def markov_logit_table(self) -> Tensor:
         """(W_head P)^T: the logits of each rank direction of the Markov term ([r, D] x [D, V]), so token x's bias on
         the logits is E[x] @ table (the LM head is linear). Row-major [r, V]: a one-row product reads it in order
-        (as [V, r].T it ran 1.4x slower). For decoding; product in the head's dtype. -> [r, V] fp32"""
-        w = self.target.lm_head.weight
+        (as [V, r].T it ran 1.4x slower). For decoding; product in the head's dtype. -> [r, V] fp32 ([r, N] over
+        a draft vocabulary's columns)"""
+        w = self.head_weight()
         return (self.markov.proj.weight.T.to(w) @ w.T).float().contiguous()
 
     def markov_terms(self, prev: Tensor, table: Tensor) -> tuple[Tensor, Tensor]:

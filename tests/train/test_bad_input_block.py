@@ -46,6 +46,11 @@ for _name, _over, _want in [
         {"drafter.kind": "dflash", "drafter.dflash.gamma": "0"},
         r"drafter\.dflash\.gamma=0\.0: must be a number > 0\.0",
     ),
+    (
+        "dspark_draft_vocab_negative",
+        {"drafter.kind": "dspark", "drafter.dspark.draft_vocab_size": "-1"},
+        r"drafter\.dspark\.draft_vocab_size=-1: must be an integer >= 0 \(0 = the target's whole vocabulary\)",
+    ),
     ("dflash_markov_rank_unknown", {"drafter.dflash.markov_rank": "8"}, r"unknown key 'drafter\.dflash\.markov_rank'"),
 ]:
     setting_case(_name, _over, _want)

@@ -81,6 +81,11 @@ def unfit(meta: dict, speculative_tokens: int) -> str | None:
             "vLLM's DFlash draft layers norm q and k per head (qwen3_dflash.py, DFlashQwen3Attention), this drafter's "
             "layers do not, so vLLM would draft other tokens: train it with drafter.dflash.qk_norm=true"
         )
+    if c.get("draft_vocab_size"):  # vLLM would need lm_head rows + d2t beside the learned-mask row: not written yet
+        return (
+            f"this drafter scores a draft vocabulary of {c['draft_vocab_size']:,} tokens, which this layout does not "
+            "carry yet: export --format native (our decoder), or train with drafter.<kind>.draft_vocab_size=0"
+        )
     k = int(c["block_size"])
     if speculative_tokens and speculative_tokens != k - 1:
         return (

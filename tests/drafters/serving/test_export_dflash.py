@@ -6,6 +6,7 @@ token outside the vocabulary, missing heads) one `error:` line with nothing writ
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -26,10 +27,11 @@ target_dir = export_cases.target_dir  # the module-scoped fixture: a tiny random
 FORMATS = ("vllm-dflash", "speculators-dflash")
 
 
-def dflash(target: Target, mask: int = -1, qk_norm: bool = True, seed: int = 0) -> DFlash:
+def dflash(target: Target, mask: int = -1, qk_norm: bool = True, seed: int = 0, draft_vocab_size: int = 0) -> DFlash:
     """A random DFlash with capture ids out of order (the export sorts them and permutes fc) and off-one norms."""
     torch.manual_seed(seed)
     cfg = DFlashConfig(capture_ids=(3, 1, 2), num_layers=2, block_size=4, mask_token_id=mask, qk_norm=qk_norm)
+    cfg = replace(cfg, draft_vocab_size=draft_vocab_size)
     m = DFlash(target, cfg)
     with torch.no_grad():
         for name, p in m.named_parameters():
@@ -90,6 +92,11 @@ def test_layers_without_qk_norm_and_other_proposal_lengths_are_refused(tmp_path,
     src = run_dir(tmp_path / "b", dflash(target), target_dir)
     err = refused(tmp_path, capsys, src, "--format", "speculators-dflash", "--speculative-tokens", "2")
     assert "served with exactly 3" in err and len(err.strip().splitlines()) == 1
+    src = run_dir(tmp_path / "c", dflash(target, draft_vocab_size=64), target_dir)
+    for fmt in ("vllm-dflash", "speculators-dflash"):  # a draft vocabulary: native only, for now
+        err = refused(tmp_path / fmt, capsys, src, "--format", fmt)
+        assert "draft vocabulary of 64 tokens" in err and len(err.strip().splitlines()) == 1
+    assert main([str(src), "--out", str(tmp_path / "native"), "--format", "native"]) == 0
 
 
 def test_dspark_has_no_vllm_layout_and_needs_its_heads(tmp_path, target_dir, capsys):

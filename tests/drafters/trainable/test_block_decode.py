@@ -87,11 +87,11 @@ class Round:
     """One round on a tiny float64 target over 5 tokens: a drafter's draft (its draws scripted), verified
     against the target's own distributions (computed by full forwards, memoised), the emitted tokens returned."""
 
-    def __init__(self, kind: str, cfg: SamplingConfig, shape: Shape) -> None:
+    def __init__(self, kind: str, cfg: SamplingConfig, shape: Shape, draft_vocab: int = 0) -> None:
         self.target = Target(tiny_model("qwen3", vocab=V, seed=4).double())
         with torch.no_grad():
             self.target.lm_head.weight.mul_(4.0)  # peaked distributions: drafts get accepted and rejected
-        self.module = build(kind, self.target).double().eval()
+        self.module = build(kind, self.target, draft_vocab_size=draft_vocab).double().eval()
         self.cfg, self.shape = cfg, shape
         self.prompt, self.first = torch.tensor([1, 3, 4, 0]), 3
         with torch.no_grad():
@@ -119,17 +119,19 @@ class Round:
 
 
 @pytest.mark.parametrize(
-    "kind,shape",
+    "kind,shape,draft_vocab",
     [
-        ("dflash", Shape("chain", k=2)),
-        ("dspark", Shape("chain", k=2)),
-        ("dspark", Shape("static", choices=((0,), (1,), (0, 0)))),
+        ("dflash", Shape("chain", k=2), 0),
+        ("dspark", Shape("chain", k=2), 0),
+        ("dspark", Shape("static", choices=((0,), (1,), (0, 0))), 0),
+        ("dspark", Shape("chain", k=2), 3),  # a draft vocabulary of tokens 0..2: q is zero on 3 and 4
+        ("dflash", Shape("static", choices=((0,), (1,), (0, 0))), 3),
     ],
-    ids=["dflash-chain", "dspark-chain", "dspark-tree"],
+    ids=["dflash-chain", "dspark-chain", "dspark-tree", "dspark-chain-vocab3", "dflash-tree-vocab3"],
 )
 @pytest.mark.parametrize("cfg", [SamplingConfig(temperature=1.0), SamplingConfig(temperature=0.7, top_k=3)])
-def test_one_sampling_round_has_exactly_the_targets_distribution(kind, shape, cfg):
-    run = Round(kind, cfg, shape)
+def test_one_sampling_round_has_exactly_the_targets_distribution(kind, shape, draft_vocab, cfg):
+    run = Round(kind, cfg, shape, draft_vocab)
     outcomes = enumerate_outcomes(run)
     assert abs(sum(outcomes.values()) - 1.0) < 1e-9
     assert max(len(s) for s in outcomes) > 1  # drafts do get accepted
