@@ -156,3 +156,60 @@ def write_table(points: list[dict], shapes: list[str], path: Path) -> str:
     text = "\n".join(lines) + "\n"
     path.write_text(text)
     return text
+
+
+# --- levers over seeds -------------------------------------------------------------------------------------
+
+
+def without_seed(lever_text: str) -> str:
+    """A lever label with its `seed=N` change dropped: the runs of one lever at several seeds share it."""
+    parts = [x for x in lever_text.split(", ") if not x.startswith("seed=") and x != "(base)"]
+    return ", ".join(parts) or "(base)"
+
+
+def seed_groups(points: list[dict], shapes: list[str]) -> dict[str, dict[str, list[float]]]:
+    """{lever without its seed: {shape: τ of each run's last point}}, levers in first-seen order."""
+    last: dict[str, dict] = {}
+    for p in points:
+        if "lever" in p and p["step"] >= last.get(p["run"], {"step": -1})["step"]:
+            last[p["run"]] = p
+    groups: dict[str, dict[str, list[float]]] = {}
+    for p in last.values():
+        g = groups.setdefault(without_seed(p["lever"]), {s: [] for s in shapes})
+        for s in shapes:
+            if s in p["shapes"]:
+                g[s].append(p["shapes"][s]["tau"])
+    return groups
+
+
+def seed_verdict(delta: float, lever_taus: list[float], base_taus: list[float]) -> str:
+    """A lever's Δ τ against the seed spread: the larger seed-to-seed range of the lever's and the base's runs."""
+    if min(len(lever_taus), len(base_taus)) < 2:
+        return "one seed: no spread"
+    spread = max(max(lever_taus) - min(lever_taus), max(base_taus) - min(base_taus))
+    if abs(delta) <= spread:
+        return f"inside the seed spread ({spread:.3f})"
+    return f"{'gain' if delta > 0 else 'loss'} beyond the seed spread ({spread:.3f})"
+
+
+def seed_table(points: list[dict], shapes: list[str]) -> str:
+    """Markdown: each lever's mean τ over its seeds (min–max), Δ against the base's mean and whether that is
+    inside the seed spread; "" when no lever has two seeds (the per-prompt table is then the spread to read)."""
+    groups = seed_groups(points, shapes)
+    if "(base)" not in groups or all(len(t) < 2 for g in groups.values() for t in g.values()):
+        return ""
+    base = groups["(base)"]
+    head = "| lever (seeds pooled) | seeds | " + " | ".join(f"τ {s} (min–max) | Δ {s} vs base" for s in shapes) + " |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for name, g in groups.items():
+        cells = []
+        for s in shapes:
+            taus, ref = g[s], base[s]
+            if not taus or not ref:
+                cells.append("- | -")
+                continue
+            mean, delta = sum(taus) / len(taus), sum(taus) / len(taus) - sum(ref) / len(ref)
+            rel = "-" if name == "(base)" else f"{delta:+.3f}, {seed_verdict(delta, taus, ref)}"
+            cells.append(f"{mean:.3f} ({min(taus):.3f}–{max(taus):.3f}) | {rel}")
+        lines.append(f"| {name} | {max(len(t) for t in g.values())} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

@@ -146,3 +146,28 @@ def test_reference_points_serve_as_the_base_of_a_later_ablation(lc, tmp_path):
     table = lc.write_table([{**points, "lever": "(base)"}, new], ["tree"], tmp_path / "t.md").splitlines()
     assert table[2].startswith("| a (from old.points.jsonl) | (base) |"), table
     assert table[3].startswith("| b | drafter.eagle3.ttt_steps=5 |") and "tree +0.250 ± 0.250" in table[3], table
+
+
+def test_seed_table_pools_seeds_and_reads_deltas_against_the_seed_spread(lc):
+    from scripts import curve_points as cp  # importable once the script put the checkout on sys.path
+
+    def point(run, lever, tau, step=4):
+        return {"run": run, "step": step, "lever": lever, "shapes": {"tree": {"tau": tau, "by_depth": [0.5]}}}
+
+    points = [
+        point("base", "(base)", 2.00),
+        point("base-s1", "seed=1", 2.10),
+        point("lk", "train.loss=lk", 2.30),
+        point("lk-s1", "seed=1, train.loss=lk", 2.26),
+        point("lk-s1", "seed=1, train.loss=lk", 1.00, step=2),  # an earlier point of a run: not its last
+        point("norms", "drafter.eagle3.fc_norm=True", 2.12),
+        point("norms-s1", "drafter.eagle3.fc_norm=True, seed=1", 2.02),
+        point("ids", "drafter.eagle3.capture_ids=[2, 4, 8, 15, 27]", 1.9),
+    ]
+    assert cp.without_seed("seed=1") == "(base)" and cp.without_seed("seed=1, train.loss=lk") == "train.loss=lk"
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in cp.seed_table(points, ["tree"]).splitlines()[2:]}
+    assert "2.050 (2.000–2.100)" in rows["(base)"] and "| 2 |" in rows["(base)"]
+    assert "2.280 (2.260–2.300) | +0.230, gain beyond the seed spread (0.100)" in rows["train.loss=lk"]
+    assert "+0.020, inside the seed spread (0.100)" in rows["drafter.eagle3.fc_norm=True"]
+    assert "one seed: no spread" in rows["drafter.eagle3.capture_ids=[2, 4, 8, 15, 27]"]
+    assert cp.seed_table([point("base", "(base)", 2.0), point("lk", "train.loss=lk", 2.3)], ["tree"]) == ""
