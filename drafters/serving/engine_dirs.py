@@ -185,7 +185,17 @@ def load_dflash(path: Path, target: Target):
     layout = DFLASH_LAYOUTS[fmt]
     layer = layout.layer(cfg)
     mask = int(cfg["mask_token_id"] if fmt == "speculators-dflash" else cfg["dflash_config"]["mask_token_id"])
-    state = {k: v for k, v in tensors.items() if k != EMBED}
+    state = {k: v for k, v in tensors.items() if k not in (EMBED, "lm_head.weight")}
+    n = len(tensors["d2t"]) if "d2t" in tensors else 0  # a draft vocabulary: its head rows + d2t (vllm_dflash.py)
+    if n:
+        ids = torch.arange(n) + tensors["d2t"]
+        rows = tensors["lm_head.weight"]
+        if not torch.equal(rows, target.lm_head.weight.detach().cpu()[ids].to(rows.dtype)):
+            raise ValueError(
+                f"{path}: lm_head.weight is not the target's LM head at the d2t ids: draftsmith's DFlash scores with "
+                "the target's own head rows; export the drafter again (or use the target it was trained for)"
+            )
+        state["t2d"] = torch.zeros(target.vocab_size, dtype=torch.bool).index_fill_(0, ids, True)
     learned = EMBED in tensors  # the extra row after the target's vocabulary (vllm_dflash.py)
     if learned:
         embed, V = tensors[EMBED], target.vocab_size
@@ -203,6 +213,7 @@ def load_dflash(path: Path, target: Target):
         mask_token_id=-1 if learned else mask,
         intermediate_size=int(layer["intermediate_size"]),
         qk_norm=True,
+        draft_vocab_size=n,
     )
     module = DFlash(target, config)
     module.load_state_dict(state)  # strict: problems() already matched every key and shape

@@ -7,9 +7,8 @@
 3. plan the layout (drafters/serving/layouts/): config.json and the source of every exported key; gather the
    tensors and check them against the engine's expectations (exact key set, shapes, required config
    fields, the target's sizes, max positions, rope and capture ids) before anything is written;
-4. write atomically (temp dir + rename), with the target's tokenizer files so that
-   `draftsmith doctor` can later check tokenizer identity, and a model card (README.md: Hub metadata,
-   target, data, training, recorded τ, serve commands; drafters/serving/model_card.py).
+4. write atomically (temp dir + rename), with the target's tokenizer files (for `draftsmith doctor`'s tokenizer
+   check) and a model card (README.md: Hub metadata, target, data, training, τ, serve commands; model_card.py).
 """
 
 from __future__ import annotations
@@ -45,6 +44,7 @@ from drafters.serving.layouts.formats import (
     planned_shapes,
 )
 from drafters.serving.layouts.rules import (
+    DRAFT_HEAD,
     EMBEDDING_NOTE,
     ENGINES,
     SHARED_EMBEDDING,
@@ -132,7 +132,7 @@ def target_head(model_dir: Path | None, config) -> torch.Tensor:
     """The target's LM head [V, H] read from its safetensors (the embedding when the head is tied)."""
     tied = bool(getattr(config, "tie_word_embeddings", False))
     names = ["model.embed_tokens.weight", "lm_head.weight"] if tied else ["lm_head.weight"]
-    return target_tensor(model_dir, names, "a Medusa export copies the target's LM head")
+    return target_tensor(model_dir, names, "the export copies the target's LM head (Medusa; a draft vocabulary's rows)")
 
 
 def target_tensor(model_dir: Path | None, names: list[str], why: str) -> torch.Tensor:
@@ -161,11 +161,9 @@ def export(
     engine: str = "sglang",
     with_embeddings: bool = False,
 ) -> Path:
-    """Export a native checkpoint (or RUN_DIR) to `fmt` in `out`; returns the written directory.
-
-    engine: who reads an `eagle3` export's non-default capture ids (formats.plan); with_embeddings: EAGLE-3
-    layouts also carry the target's embedding (rules.EMBEDDING_NOTE).
-    """
+    """Export a native checkpoint (or RUN_DIR) to `fmt` in `out`; returns the written directory. engine: who
+    reads an `eagle3` export's non-default capture ids (formats.plan); with_embeddings: EAGLE-3 layouts also
+    carry the target's embedding (rules.EMBEDDING_NOTE)."""
     # 1. the checkpoint
     if fmt not in FORMATS:
         raise ValueError(f"--format {fmt!r} not one of {sorted(FORMATS)}")
@@ -214,7 +212,8 @@ def export(
     )
     if fmt in LAYER_PREFIX or fmt in DFLASH_LAYOUTS:
         state = {**state, "fc.weight": ascending_fc(state["fc.weight"], [int(i) for i in meta["capture_ids"]])}
-    head = target_head(local_model_dir(name), config) if TARGET_HEAD in sources.values() else None
+    head = target_head(local_model_dir(name), config) if {TARGET_HEAD, DRAFT_HEAD} & set(sources.values()) else None
+    rows = head[torch.arange(len(state["d2t"])) + state["d2t"]] if DRAFT_HEAD in sources.values() else None
     embed = (
         target_tensor(local_model_dir(name), ["model.embed_tokens.weight"], "the export copies the target's embedding")
         if {TARGET_EMBED, MASK_ROWS} & set(sources.values())
@@ -226,7 +225,7 @@ def export(
     cast = DTYPES.get(dtype, own)
     tensors = {}
     for key, source in sources.items():
-        t = {TARGET_HEAD: head, TARGET_EMBED: embed, MASK_ROWS: embed}.get(source)
+        t = {TARGET_HEAD: head, TARGET_EMBED: embed, MASK_ROWS: embed, DRAFT_HEAD: rows}.get(source)
         t = t.clone() if t is not None else state[source]  # clones: safetensors refuses shared storage
         tensors[key] = (t.to(cast) if t.is_floating_point() else t).contiguous()
     layout["torch_dtype"] = str(cast).removeprefix("torch.")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from drafters.serving.layouts import medusa_vllm, sglang_eagle3, speculators, speculators_dflash, vllm_dflash
 from drafters.serving.layouts.rules import (
+    DRAFT_HEAD,
     ENGINES,
     TARGET_EMBED,
     TARGET_HEAD,
@@ -110,13 +111,19 @@ def planned_shapes(
     """Shapes of a planned export: each key's native source, the target's LM head / embedding [V, H], or the
     embedding with a learned mask row [V + 1, H]."""
     rows = {TARGET_HEAD: t.vocab, TARGET_EMBED: t.vocab, vllm_dflash.MASK_ROWS: t.vocab + 1}
+    if "d2t" in native:  # a draft vocabulary's head rows (vllm_dflash.py)
+        rows[DRAFT_HEAD] = native["d2t"][0]
     return {k: (rows[s], t.hidden) if s in rows else tuple(native[s]) for k, s in sources.items()}
 
 
-def expected_shapes(fmt: str, cfg: dict) -> dict[str, tuple[int, ...]]:
-    """{key: shape} an engine's model for this config loads (missing config fields read as 0)."""
+def expected_shapes(fmt: str, cfg: dict, t: TargetFacts | None = None) -> dict[str, tuple[int, ...]]:
+    """{key: shape} an engine's model for this config loads on target t (missing config fields read as 0)."""
     if fmt not in LAYOUTS:
         raise ValueError(f"no engine layout for format {fmt!r}")
+    if fmt in DFLASH_LAYOUTS:  # the target's vocabulary tells a learned mask row and a draft vocabulary apart
+        if t is None:
+            raise ValueError(f"the {fmt} shapes depend on the target's vocabulary: pass its TargetFacts")
+        return LAYOUTS[fmt].expected_shapes(cfg, t)
     return LAYOUTS[fmt].expected_shapes(cfg)
 
 
@@ -128,7 +135,7 @@ def problems(
     if fmt in LAYER_PREFIX:
         vocab, shapes = draft_vocab_problems(cfg, shapes, t)
         found += vocab
-    return found + key_problems(shapes, expected_shapes(fmt, cfg), "model.safetensors", optional)
+    return found + key_problems(shapes, expected_shapes(fmt, cfg, t), "model.safetensors", optional)
 
 
 def check_export(

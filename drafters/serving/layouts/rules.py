@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 TARGET_HEAD = "<target lm_head>"  # source of a key copied from the target's LM head (not in the drafter)
+DRAFT_HEAD = "<target lm_head rows of d2t>"  # a draft vocabulary's rows of the target's LM head (block drafters)
 TARGET_EMBED = "<target embed_tokens>"  # source of embed_tokens.weight copied from the target (--with-embeddings)
 ENGINES = ("sglang", "vllm")  # who reads an `eagle3` directory's explicit capture ids
 DRAFT_VOCAB_KEYS = ("d2t", "t2d")

