@@ -209,8 +209,8 @@ CHAT_TARGET = REPO / "recipes" / "targets" / "smollm2-135m-instruct"
 
 
 def test_shipped_block_drafter_is_a_bf16_native_dspark_under_32_mb_with_its_card():
-    """recipes/smollm2-135m/drafters/dspark: the best block drafter, a native DSpark checkpoint saved in bf16 (the
-    module loads it into fp32 or the target's dtype), with its card: the sections, the 80-turn figures recorded in
+    """recipes/smollm2-135m/drafters/dspark: the best block drafter, a native DSpark checkpoint saved in bf16 with a
+    16k draft vocabulary (the module loads it into fp32 or the target's dtype), with its card: the sections, the 80-turn figures recorded in
     its config.json, and no path of the machine that trained it."""
     from safetensors import safe_open
 
@@ -218,8 +218,10 @@ def test_shipped_block_drafter_is_a_bf16_native_dspark_under_32_mb_with_its_card
     assert cfg["draftsmith_drafter"] == "dspark" and cfg["config"]["block_size"] == 8
     weights = SHIPPED_BLOCK / "model.safetensors"
     assert weights.stat().st_size < 32 * 2**20
-    with safe_open(str(weights), "pt") as f:
-        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}
+    with safe_open(str(weights), "pt") as f:  # the draft vocabulary's maps stay index tensors
+        dtypes = {k: f.get_slice(k).get_dtype() for k in f.keys()}
+    assert {v for k, v in dtypes.items() if k not in ("d2t", "t2d")} == {"BF16"}
+    assert (dtypes.get("d2t"), dtypes.get("t2d")) == ("I64", "BOOL") and cfg["config"]["draft_vocab_size"] == 16384
     meta, body = split((SHIPPED_BLOCK / "README.md").read_text())
     assert meta["base_model"] == cfg["target"]["name_or_path"] and "dspark" in meta["tags"]
     assert [ln for ln in body.splitlines() if ln.startswith("## ")] == SECTIONS
