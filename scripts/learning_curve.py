@@ -71,7 +71,11 @@ MT_BENCH = REPO / "recipes/data/mt_bench_question.jsonl"
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("runs", nargs="+", help="training run directories (checkpoints kept at the curve's steps)")
+    ap.add_argument(
+        "runs",
+        nargs="*",
+        help="training run directories (checkpoints kept at the curve's steps); none: re-tabulate --reference",
+    )
     ap.add_argument("--out", required=True, help="points.jsonl, curve.md and curve.png go here")
     ap.add_argument(
         "--steps",
@@ -99,7 +103,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="an earlier points.jsonl (e.g. a committed one) whose points join the table and plots; "
         "repeatable. For an ablation against another run, trained earlier on the same data",
     )
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if not args.runs and not args.reference:
+        ap.error("give training run directories, or --reference points files to tabulate again")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,19 +133,17 @@ def main(argv: list[str] | None = None) -> int:
     base = base_config(args.base, points) if args.base else None
     if base is not None:
         label_levers(points, base, args.runs)
-    convs = first_per_category(load_prompts(args.prompts), args.per_category)
-    # 2. one target for every point; each drafter decodes the same first turns.
-    target = Target.load(run_target(Path(args.runs[0])), dtype=args.dtype)
-    ids = prompts(target, convs)
-    todo = sum((run.name, step) not in done for run, step in plan)
-    print(
-        f"{todo} of {len(plan)} points to decode ({len(points)} read), {len(convs)} prompts x "
-        f"{args.max_new_tokens} tokens, {target.dtype}, shapes {shapes}",
-        file=sys.stderr,
-    )
-    for run, step in plan:
-        if (run.name, step) in done:
-            continue
+    todo = [(run, step) for run, step in plan if (run.name, step) not in done]
+    if todo:  # 2. one target for every point; each drafter decodes the same first turns.
+        convs = first_per_category(load_prompts(args.prompts), args.per_category)
+        target = Target.load(run_target(Path(args.runs[0])), dtype=args.dtype)
+        ids = prompts(target, convs)
+        print(
+            f"{len(todo)} of {len(plan)} points to decode ({len(points)} read), {len(convs)} prompts x "
+            f"{args.max_new_tokens} tokens, {target.dtype}, shapes {shapes}",
+            file=sys.stderr,
+        )
+    for run, step in todo:
         point = evaluate_point(run, step, target, ids, shapes, draft_len_of, args, base)
         points.append(point)
         with log.open("a") as f:

@@ -171,3 +171,22 @@ def test_seed_table_pools_seeds_and_reads_deltas_against_the_seed_spread(lc):
     assert "+0.020, inside the seed spread (0.100)" in rows["drafter.eagle3.fc_norm=True"]
     assert "one seed: no spread" in rows["drafter.eagle3.capture_ids=[2, 4, 8, 15, 27]"]
     assert cp.seed_table([point("base", "(base)", 2.0), point("lk", "train.loss=lk", 2.3)], ["tree"]) == ""
+
+
+def test_references_alone_are_tabulated_again_without_a_model(lc, tmp_path):
+    """No run directories: the --reference points are relabelled against --base and tabulated (seeds pooled)."""
+
+    def point(run, seed, tau):
+        cfg = {"seed": seed, "drafter": {"eagle3": {"fc_norm": run.startswith("n")}}}
+        return {"run": run, "step": 4, "config": cfg, "shapes": {"tree": {"tau": tau, "by_depth": [0.5, 0.2]}}}
+
+    ref = tmp_path / "old.points.jsonl"
+    rows = [point("b", 0, 1.8), point("b1", 1, 1.84), point("n", 0, 1.9), point("n1", 1, 1.95)]
+    ref.write_text("".join(json.dumps(p) + "\n" for p in rows))
+    out = tmp_path / "out"
+    assert lc.main(["--reference", str(ref), "--base", "b", "--chains", "", "--out", str(out)]) == 0
+    seeds = (out / "seeds.md").read_text()
+    assert "| drafter.eagle3.fc_norm=True | 2 | 1.925 (1.900–1.950) | +0.105, gain beyond the seed spread" in seeds
+    assert (out / "curve.md").exists() and not (out / "points.jsonl").exists()
+    with pytest.raises(SystemExit):
+        lc.main(["--out", str(out)])
