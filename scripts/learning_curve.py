@@ -25,8 +25,8 @@ steps and against trained tokens, and depth-2 / depth-1 against steps) are rewri
 `--base RUN`, each run is labelled by the settings it changes against RUN (the table's "changes" column, and
 its paired τ difference to RUN's point with the standard error over prompts) and
 OUT/levers.png shows each run's last point as τ bars; when levers ran at several seeds (`seed=N` overrides),
-OUT/seeds.md pools each lever's seeds: mean τ (min–max), Δ to the base's mean, inside the seed spread or not. Each point stores its run's config, so a committed
-points.jsonl can serve a later ablation on the same data: `--reference FILE` joins its points (never
+OUT/seeds.md pools each lever's seeds: mean τ (min–max), Δ to the base's mean, inside the seed spread or not.
+Each point stores its run's config, so a committed points.jsonl can serve a later ablation on the same data: `--reference FILE` joins its points (never
 re-evaluated) and `--base NAME` may name one of its runs:
 
     python scripts/learning_curve.py runs/2026-12-03-ttt5 \\

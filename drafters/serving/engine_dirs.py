@@ -188,14 +188,15 @@ def load_dflash(path: Path, target: Target):
     state = {k: v for k, v in tensors.items() if k not in (EMBED, "lm_head.weight")}
     n = len(tensors["d2t"]) if "d2t" in tensors else 0  # a draft vocabulary: its head rows + d2t (vllm_dflash.py)
     if n:
-        ids = torch.arange(n) + tensors["d2t"]
+        V, ids = target.vocab_size, torch.arange(n) + tensors["d2t"].long()
+        state["t2d"] = torch.zeros(V, dtype=torch.bool).index_fill_(0, ids.clamp(0, V - 1), True)
+        draft_vocab(tensors["d2t"], state["t2d"], V, path)  # in range and distinct
         rows = tensors["lm_head.weight"]
         if not torch.equal(rows, target.lm_head.weight.detach().cpu()[ids].to(rows.dtype)):
             raise ValueError(
                 f"{path}: lm_head.weight is not the target's LM head at the d2t ids: draftsmith's DFlash scores with "
                 "the target's own head rows; export the drafter again (or use the target it was trained for)"
             )
-        state["t2d"] = torch.zeros(target.vocab_size, dtype=torch.bool).index_fill_(0, ids, True)
     learned = EMBED in tensors  # the extra row after the target's vocabulary (vllm_dflash.py)
     if learned:
         embed, V = tensors[EMBED], target.vocab_size

@@ -35,6 +35,7 @@ from drafters.trainable.block_ops import KVPair
 from drafters.trainable.draft_layer import DraftAttention, DraftLayer, LayerSizes, RMSNorm
 from drafters.trainable.eagle3 import build_draft_vocab, default_capture_ids
 from drafters.trainable.lk import KL
+from drafters.trainable.losses import head_rows
 from drafters.trainable.noise import noise_seed
 from drafters.trainable.target_layer import QKNormDraftLayer
 
@@ -266,19 +267,21 @@ class DFlash(nn.Module):
         col = torch.cumsum(self.t2d.long(), 0) - 1
         return torch.where(self.t2d[ids], col[ids], -1)
 
-    def head_weight(self) -> Tensor:
-        """The rows of the target's frozen LM head the drafter scores: [N, D] (all V without a draft vocabulary)."""
-        w = self.target.lm_head.weight
+    def head_rows(self) -> tuple[Tensor, Tensor | None]:
+        """The rows of the target's frozen LM head the drafter scores: weight [N, D], bias [N] or None (all V
+        without a draft vocabulary)."""
         ids = self.draft_ids
-        return w if ids is None else w[ids.to(w.device)]
+        return head_rows(self.target.lm_head, None if ids is None else ids.to(self.target.lm_head.weight.device))
 
     def decode_head(self) -> Callable[[Tensor], Tensor]:
         """logits() for decoding: the target's packed head, or the draft-vocabulary rows packed once."""
         if not self.config.draft_vocab_size:
             return self.logits
-        w = self.head_weight()
-        rows = nn.Linear(w.shape[1], w.shape[0], bias=False, device="meta")
+        w, b = self.head_rows()
+        rows = nn.Linear(w.shape[1], w.shape[0], bias=b is not None, device="meta")
         rows.weight = nn.Parameter(w.detach(), requires_grad=False)
+        if b is not None:
+            rows.bias = nn.Parameter(b.detach(), requires_grad=False)
         packed = Packed.of([rows], keep_rows=True)
         return lambda z: packed(z.to(w.dtype))
 
@@ -286,8 +289,8 @@ class DFlash(nn.Module):
         """The target's frozen LM head (through its packed runtime when decoding: decode.runtime), over the draft
         vocabulary's rows when there is one. [.., D] -> [.., V] or [.., N]"""
         if self.config.draft_vocab_size:
-            w = self.head_weight()
-            return F.linear(z.to(w.dtype), w)
+            w, b = self.head_rows()
+            return F.linear(z.to(w.dtype), w, b)
         fast = self.target.fast()
         if fast is not None:
             return fast.head(z.to(self.target.dtype))

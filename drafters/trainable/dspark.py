@@ -92,7 +92,7 @@ class DSpark(DFlash):
         the logits is E[x] @ table (the LM head is linear). Row-major [r, V]: a one-row product reads it in order
         (as [V, r].T it ran 1.4x slower). For decoding; product in the head's dtype. -> [r, V] fp32 ([r, N] over
         a draft vocabulary's columns)"""
-        w = self.head_weight()
+        w, _ = self.head_rows()  # a bias is added once, with the base logits, never per rank direction
         return (self.markov.proj.weight.T.to(w) @ w.T).float().contiguous()
 
     def markov_terms(self, prev: Tensor, table: Tensor) -> tuple[Tensor, Tensor]:

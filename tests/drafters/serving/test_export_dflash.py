@@ -58,7 +58,7 @@ def test_export_matches_vllm_layout_and_imports_back(tmp_path, target_dir, fmt, 
     assert cfg["draft_vocab_size"] == (vocab or V)
     if vocab:  # the head rows vLLM keeps (they differ from the target's whole head) and the map back
         state = load_file(str(out / "model.safetensors"))
-        assert torch.equal(state["d2t"], m.d2t) and torch.equal(state["lm_head.weight"], m.head_weight().detach())
+        assert torch.equal(state["d2t"], m.d2t) and torch.equal(state["lm_head.weight"], m.head_rows()[0].detach())
     else:
         assert "lm_head.weight" not in shapes and "d2t" not in shapes
     if fmt == "vllm-dflash":
@@ -199,3 +199,19 @@ def test_engine_check_dflash_in_vllm(tmp_path, monkeypatch, mask, vocab):
     assert rep["draft_len"] == 3  # the block less its anchor, whatever k said
     for row in rep["layouts"]:
         assert row["identical"] and row["acceptance_length_gap"] <= TOLERANCE, row
+
+
+def test_an_import_with_a_damaged_draft_vocabulary_is_refused(tmp_path, target_dir):
+    """A vllm-dflash directory whose d2t repeats a target id, or whose head rows are not the target's, is refused."""
+    target = Target.load(target_dir)
+    out = export(run_dir(tmp_path, dflash(target, draft_vocab_size=64), target_dir), "vllm-dflash", tmp_path / "x")
+    weights = out / "model.safetensors"
+    good = load_file(str(weights))
+    d2t = good["d2t"].clone()
+    d2t[1] = d2t[0] - 1  # draft id 1 maps to the same target id as draft id 0
+    save_file({**good, "d2t": d2t}, str(weights))
+    with pytest.raises(ValueError, match="d2t and t2d disagree"):
+        make_drafter(str(out), target)
+    save_file({**good, "lm_head.weight": good["lm_head.weight"] + 1}, str(weights))
+    with pytest.raises(ValueError, match="lm_head.weight is not the target's LM head at the d2t ids"):
+        make_drafter(str(out), target)

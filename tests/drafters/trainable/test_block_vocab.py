@@ -54,6 +54,16 @@ def test_the_vocabulary_is_the_most_frequent_tokens_and_config_checks(tiny):
         DSparkConfig(draft_vocab_size=-1)
 
 
+def test_a_biased_head_keeps_its_bias_on_the_vocabulary_rows():
+    """A target whose LM head has a bias: training and decoding logits are the head's own rows, bias included."""
+    t = tiny_target("qwen3", seed=2)
+    t.lm_head.bias = torch.nn.Parameter(torch.randn(t.vocab_size), requires_grad=False)
+    m = vocab_drafter("dspark", t)
+    z = torch.randn(3, t.hidden_size)
+    torch.testing.assert_close(m.logits(z), t.lm_head(z)[:, m.draft_ids])
+    torch.testing.assert_close(m.decode_head()(z), m.logits(z), rtol=1e-5, atol=1e-5)
+
+
 def test_dspark_rows_over_the_vocabulary_equal_the_head_on_its_states(tiny):
     m = vocab_drafter("dspark", tiny).eval()
     h = torch.randn(3, tiny.hidden_size)
