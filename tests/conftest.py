@@ -32,6 +32,7 @@ def data_home(tmp_path_factory):
 
 
 STORIES = REPO / "recipes" / "targets" / "stories260K"
+STORIES_QWEN3 = REPO / "recipes" / "targets" / "stories-qwen3"  # a Qwen3 distilled from it (its README says how)
 DEV_PROMPTS = REPO / "recipes" / "prompts" / "stories_dev.txt"
 
 
@@ -81,3 +82,11 @@ def stories():
     from decode.target import Target
 
     return Target.load(STORIES)
+
+
+@pytest.fixture(scope="session")
+def stories_qwen3():
+    """The bundled real Qwen3-architecture target (QK-norm): stories260K distilled into a Qwen3."""
+    from decode.target import Target
+
+    return Target.load(STORIES_QWEN3)

