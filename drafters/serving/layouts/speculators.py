@@ -2,7 +2,8 @@
 
 The decoder layer's Llama config nests under `transformer_layer_config`; the capture ids are top-level in
 vLLM's convention, which is the HF one; `speculators_config` names the algorithm, the proposal method and
-the verifier (the target). Keys: the layer under `layers.0.`, then `fc`, `norm`, `lm_head`, and
+the verifier (the target); the layer config also carries `num_aux_hidden_states` (the number of capture
+ids), which vLLM's Llama EAGLE-3 model sizes fc by. Keys: the layer under `layers.0.`, then `fc`, `norm`, `lm_head`, and
 `d2t`/`t2d` for a reduced draft vocabulary. `norm_before_residual` is written false: draftsmith's draft
 layer keeps the un-normed state as the residual, and vLLM assumes true when the field is absent. The layer
 config's model_type picks vLLM's model (configs/speculators/algos.py: qwen3 -> Eagle3Qwen3ForCausalLM, the QK-norm
@@ -49,7 +50,9 @@ def plan(
     config = {
         "architectures": [ARCH],
         "speculators_model_type": "eagle3",
-        "transformer_layer_config": eagle3_layer.layer_config(meta, t),
+        # vLLM's converter copies only this dict and the algorithm's fields into the draft config, and its
+        # llama_eagle3.py sizes fc from num_aux_hidden_states (3 when absent), not from the top-level ids
+        "transformer_layer_config": {**eagle3_layer.layer_config(meta, t), "num_aux_hidden_states": len(ids)},
         "draft_vocab_size": meta["draft_vocab_size"],
         "norm_before_residual": False,
         **eagle3_layer.norm_fields(meta),
@@ -99,6 +102,15 @@ def problems(cfg: dict, t: TargetFacts) -> list[Problem]:
                 f"norm_before_residual is {cfg.get('norm_before_residual')}",
                 "draftsmith's draft layer keeps the un-normed state as the residual: norm_before_residual "
                 "false (vLLM assumes true when the field is absent)",
+            )
+        )
+    ids, n = cfg.get("eagle_aux_hidden_state_layer_ids") or [], layer(cfg).get("num_aux_hidden_states")
+    if ids and (n or 3) != len(ids):  # llama_eagle3.py builds fc for n (3 when absent) captured states
+        out.append(
+            Problem(
+                f"{len(ids)} capture ids but transformer_layer_config.num_aux_hidden_states is {n}",
+                f"vLLM sizes fc for num_aux_hidden_states captured states (3 when absent): set it to {len(ids)} "
+                "(a draftsmith export writes it)",
             )
         )
     if field(cfg, "speculators_config.algorithm") != "eagle3":

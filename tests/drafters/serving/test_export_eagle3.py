@@ -162,3 +162,27 @@ def test_with_embeddings_writes_the_targets_embedding(tmp_path, target_dir, caps
         export(
             run_dir(tmp_path, build("medusa", target), target_dir), "medusa-vllm", tmp_path / "m", with_embeddings=True
         )
+
+
+def test_four_capture_ids_tell_vllm_the_fc_width_in_the_speculators_layout(tmp_path, target_dir):
+    """vLLM's speculators converter keeps only `transformer_layer_config` (+ the algorithm's fields), and its
+    llama_eagle3.py sizes fc from `num_aux_hidden_states` there (3 when absent): the export writes it, and a
+    config that lacks it for other than three ids is refused with the fix."""
+    from drafters.serving.layouts import speculators
+    from drafters.serving.layouts.rules import TargetFacts
+    from drafters.trainable.eagle3 import Eagle3, Eagle3Config
+
+    target = Target.load(target_dir)
+    torch.manual_seed(0)
+    m = Eagle3(target, Eagle3Config(capture_ids=(0, 1, 2, 3), draft_vocab_size=64, ttt_steps=2))
+    out = export(run_dir(tmp_path, m, target_dir), "speculators", tmp_path / "spec")
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["transformer_layer_config"]["num_aux_hidden_states"] == 4
+    assert load_file(str(out / "model.safetensors"))["fc.weight"].shape[1] == 4 * target.hidden_size
+    facts = TargetFacts.of(json.loads((target_dir / "config.json").read_text()), str(target_dir))
+    assert not speculators.problems(cfg, facts)
+    del cfg["transformer_layer_config"]["num_aux_hidden_states"]
+    (bad,) = speculators.problems(cfg, facts)
+    assert bad.what == "4 capture ids but transformer_layer_config.num_aux_hidden_states is None"
+    assert "set it to 4" in bad.fix
+    assert drafts(m.drafter(), target) == drafts(load_eagle3(out, target).drafter(), target)
