@@ -1,9 +1,11 @@
 """The figures of scripts/learning_curve.py: OUT/curve.png (τ against steps and trained tokens, the depth
-ratio) and, for a lever ablation, OUT/levers.png (each run's last τ as a bar). Points as in curve_points.py.
+ratio) and, for a lever ablation, OUT/levers.png (each run's last τ as a bar) and OUT/seeds.png (per-seed paired Δ τ).
+Points as in curve_points.py.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from scripts.curve_points import FIELD, chain_depths, paired_delta, ratio
@@ -111,5 +113,44 @@ def plot_levers(points: list[dict], shapes: list[str], path: Path) -> None:
     )
     axes[0][0].set_yticks(range(len(rows)), labels, fontsize=8)
     axes[0][0].invert_yaxis()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_seed_pairs(pairs: dict[str, dict[str, list[tuple[int, float, float]]]], shapes: list[str], path: Path) -> None:
+    """Levers run at several seeds: each seed's paired Δ τ against the base run of that seed (± SE over
+    prompts), one marker per seed, one panel per shape; a lever that pays sits right of zero at every seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(pairs)
+    # one setting a line ("a=[1, 2], b=x" splits before "b="), without the long key prefix
+    labels = ["\n".join(re.split(r", (?=[\w.]+=)", n.replace("drafter.eagle3.", ""))) for n in names]
+    seeds = sorted({seed for g in pairs.values() for rows in g.values() for seed, _, _ in rows})
+    fig, axes = plt.subplots(
+        1, len(shapes), figsize=(4.5 * len(shapes) + 2, 1.0 * len(names) + 1.4), sharey=True, squeeze=False
+    )
+    for ax, shape in zip(axes[0], shapes):
+        for j, seed in enumerate(seeds):
+            rows = [(i, d, se) for i, n in enumerate(names) for s, d, se in pairs[n][shape] if s == seed]
+            offset = (j - (len(seeds) - 1) / 2) * 0.18
+            ax.errorbar(
+                [d for _, d, _ in rows],
+                [i + offset for i, _, _ in rows],
+                xerr=[se for _, _, se in rows],
+                fmt="o",
+                capsize=3,
+                label=f"seed {seed}",
+            )
+        ax.axvline(0, color="black", lw=0.8)
+        ax.set_title(f"Δ τ {shape}, paired with its seed's base")
+        ax.grid(axis="x", alpha=0.3)
+    axes[0][0].set_yticks(range(len(names)), labels, fontsize=8)
+    axes[0][0].invert_yaxis()
+    axes[0][-1].legend(fontsize=8)
+    fig.supxlabel("Δ τ against the base run trained at the same seed (± SE over prompts)", fontsize=8)
+    fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -182,6 +182,32 @@ def seed_groups(points: list[dict], shapes: list[str]) -> dict[str, dict[str, li
     return groups
 
 
+def seed_of(p: dict) -> int:
+    """The seed a point's run trained with (0 when its stored config does not say)."""
+    return int((p.get("config") or {}).get("seed", 0))
+
+
+def seed_pairs(points: list[dict], shapes: list[str]) -> dict[str, dict[str, list[tuple[int, float, float]]]]:
+    """{lever without its seed: {shape: [(seed, paired Δ τ, SE)]}}: each run's last point against the base run of
+    the same seed over the same prompts; a seed changes the data too, so this removes that spread."""
+    last: dict[str, dict] = {}
+    for p in points:
+        if "lever" in p and p["step"] >= last.get(p["run"], {"step": -1})["step"]:
+            last[p["run"]] = p
+    bases = {seed_of(p): p for p in last.values() if without_seed(p["lever"]) == "(base)"}
+    out: dict[str, dict[str, list[tuple[int, float, float]]]] = {}
+    for p in last.values():
+        name, base = without_seed(p["lever"]), bases.get(seed_of(p))
+        if name == "(base)" or base is None:
+            continue
+        g = out.setdefault(name, {s: [] for s in shapes})
+        for s in shapes:
+            run, ref = p["shapes"].get(s, {}).get("per_prompt"), base["shapes"].get(s, {}).get("per_prompt")
+            if run and ref and len(run) == len(ref):
+                g[s].append((seed_of(p), *paired_delta(run, ref)))
+    return out
+
+
 def seed_verdict(delta: float, lever_taus: list[float], base_taus: list[float]) -> str:
     """A lever's Δ τ against the seed spread: the larger seed-to-seed range of the lever's and the base's runs."""
     if min(len(lever_taus), len(base_taus)) < 2:
@@ -200,7 +226,9 @@ def seed_table(points: list[dict], shapes: list[str]) -> str:
         return ""
     base = groups["(base)"]
     head = "| lever (seeds pooled) | seeds | " + " | ".join(f"τ {s} (min–max) | Δ {s} vs base" for s in shapes) + " |"
+    head += " Δ paired with its seed's base, ± SE (" + ", ".join(shapes) + ") |"
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    pairs = seed_pairs(points, shapes)
     for name, g in groups.items():
         cells = []
         for s in shapes:
@@ -211,5 +239,10 @@ def seed_table(points: list[dict], shapes: list[str]) -> str:
             mean, delta = sum(taus) / len(taus), sum(taus) / len(taus) - sum(ref) / len(ref)
             rel = "-" if name == "(base)" else f"{delta:+.3f}, {seed_verdict(delta, taus, ref)}"
             cells.append(f"{mean:.3f} ({min(taus):.3f}–{max(taus):.3f}) | {rel}")
-        lines.append(f"| {name} | {max(len(t) for t in g.values())} | " + " | ".join(cells) + " |")
+        per_seed = "; ".join(
+            f"{s}: " + ", ".join(f"s{seed} {d:+.3f} ± {se:.3f}" for seed, d, se in pairs[name][s])
+            for s in shapes
+            if pairs.get(name, {}).get(s)
+        )
+        lines.append(f"| {name} | {max(len(t) for t in g.values())} | " + " | ".join(cells) + f" | {per_seed or '-'} |")
     return "\n".join(lines) + "\n"

@@ -25,7 +25,8 @@ steps and against trained tokens, and depth-2 / depth-1 against steps) are rewri
 `--base RUN`, each run is labelled by the settings it changes against RUN (the table's "changes" column, and
 its paired τ difference to RUN's point with the standard error over prompts) and
 OUT/levers.png shows each run's last point as τ bars; when levers ran at several seeds (`seed=N` overrides),
-OUT/seeds.md pools each lever's seeds: mean τ (min–max), Δ to the base's mean, inside the seed spread or not.
+OUT/seeds.md pools each lever's seeds: mean τ (min–max), Δ to the base's mean, inside the seed spread or not,
+and each seed's Δ paired with the base run of that seed (OUT/seeds.png plots those).
 Each point stores its run's config, so a committed points.jsonl can serve a later ablation on the same data: `--reference FILE` joins its points (never
 re-evaluated) and `--base NAME` may name one of its runs:
 
@@ -62,8 +63,8 @@ REPO = Path(__file__).resolve().parents[1]
 # modules importable as scripts.*
 sys.path.insert(0, str(REPO))
 # paired_delta is not used here; kept importable from this script (tests/scripts/test_learning_curve.py reads it)
-from scripts.curve_plot import plot, plot_levers  # noqa: E402
-from scripts.curve_points import lever, read_references, seed_table, write_table  # noqa: E402
+from scripts.curve_plot import plot, plot_levers, plot_seed_pairs  # noqa: E402
+from scripts.curve_points import lever, read_references, seed_pairs, seed_table, write_table  # noqa: E402
 from scripts.curve_points import paired_delta as paired_delta  # noqa: E402
 
 MT_BENCH = REPO / "recipes/data/mt_bench_question.jsonl"
@@ -159,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
         plot_levers([p for p in points if "lever" in p], list(shapes), out / "levers.png")
         if seeds := seed_table(points, list(shapes)):  # levers run at several seeds: Δ against the seed spread
             (out / "seeds.md").write_text(seeds)
+            if pairs := seed_pairs(points, list(shapes)):  # per-prompt τ of a base at each seed
+                plot_seed_pairs(pairs, list(shapes), out / "seeds.png")
             print(seeds)
     print(
         f"wrote {out / 'curve.md'} and {out / 'curve.png'}" + (" and levers.png" if base is not None else ""),

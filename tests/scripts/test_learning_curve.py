@@ -173,6 +173,30 @@ def test_seed_table_pools_seeds_and_reads_deltas_against_the_seed_spread(lc):
     assert cp.seed_table([point("base", "(base)", 2.0), point("lk", "train.loss=lk", 2.3)], ["tree"]) == ""
 
 
+def test_seed_pairs_pair_each_run_with_the_base_of_its_own_seed(lc):
+    """A seed changes the data too: each lever run is paired, prompt by prompt, with the base run of its seed."""
+    from scripts import curve_points as cp
+
+    def point(run, lever, seed, per_prompt):
+        shapes = {"tree": {"tau": sum(per_prompt) / 3, "by_depth": [0.5], "per_prompt": per_prompt}}
+        return {"run": run, "step": 4, "lever": lever, "config": {"seed": seed}, "shapes": shapes}
+
+    points = [
+        point("base", "(base)", 0, [2.0, 2.0, 2.0]),
+        point("base-s1", "seed=1", 1, [3.0, 3.0, 3.0]),
+        point("lk", "train.loss=lk", 0, [2.1, 2.2, 2.3]),
+        point("lk-s1", "seed=1, train.loss=lk", 1, [3.1, 3.2, 3.3]),
+        point("ids", "drafter.eagle3.capture_ids=[1, 2]", 2, [9.0, 9.0, 9.0]),  # no base at seed 2: not paired
+    ]
+    pairs = cp.seed_pairs(points, ["tree"])
+    assert list(pairs) == ["train.loss=lk"]
+    (s0, d0, se0), (s1, d1, se1) = pairs["train.loss=lk"]["tree"]
+    assert (s0, s1) == (0, 1) and abs(d0 - 0.2) < 1e-9 and abs(d1 - 0.2) < 1e-9  # not 3.2 - 2.0 across seeds
+    assert abs(se0 - 0.1 / 3**0.5) < 1e-9
+    row = next(line for line in cp.seed_table(points, ["tree"]).splitlines() if line.startswith("| train.loss=lk"))
+    assert row.endswith("| tree: s0 +0.200 ± 0.058, s1 +0.200 ± 0.058 |")
+
+
 def test_references_alone_are_tabulated_again_without_a_model(lc, tmp_path):
     """No run directories: the --reference points are relabelled against --base and tabulated (seeds pooled)."""
 

@@ -187,7 +187,9 @@ def test_engine_check_eagle3_levers_in_vllm(tmp_path, monkeypatch, fc_norm, norm
     native = save_drafter(m, tmp_path / "native", target_id=str(STORY_QWEN3))
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n".join(DEV_PROMPTS.read_text().splitlines()[:3]) + "\n")
-    rep = engine_check(str(native), str(STORY_QWEN3), str(prompts), str(tmp_path / "out"), k=3, max_new=24)
+    # 64 tokens: this drafter is accepted often, and a short output's last, cut-short rounds move our
+    # full-depth acceptance length (what the gap compares) by more than the tolerance
+    rep = engine_check(str(native), str(STORY_QWEN3), str(prompts), str(tmp_path / "out"), k=3, max_new=64)
     assert sorted(row["layout"] for row in rep["layouts"]) == ["eagle3", "speculators"]
     for row in rep["layouts"]:
         assert row["identical"] and row["acceptance_length_gap"] <= TOLERANCE, row
