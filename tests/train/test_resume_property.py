@@ -33,13 +33,16 @@ STEPS, ACCUM, SAVE_EVERY, MICRO_PER_EPOCH = 8, 2, 2, 5
 KINDS = {  # id -> (drafter overrides, features mode): offline and online both covered
     "eagle1": (["drafter.kind=eagle1", "drafter.eagle1.feature_noise=0.2"], "offline"),
     "eagle3": (["drafter.kind=eagle3", "drafter.eagle3.ttt_steps=2", "drafter.eagle3.draft_vocab_size=128"], "online"),
-    "eagle3_norms": (  # EAGLE-3.1's fc_norm and norm_output
+    "eagle3_levers": (  # every EAGLE-3 lever at once, on the bundled Qwen3 (so the draft layer has QK-norm)
         [
             "drafter.kind=eagle3",
             "drafter.eagle3.ttt_steps=2",
             "drafter.eagle3.draft_vocab_size=128",
             "drafter.eagle3.fc_norm=true",
             "drafter.eagle3.norm_output=true",
+            "drafter.eagle3.draft_layer=target",
+            "drafter.eagle3.capture_ids=[1,2,3,4,5]",
+            "train.loss=lk",
         ],
         "offline",
     ),
@@ -77,17 +80,25 @@ KINDS = {  # id -> (drafter overrides, features mode): offline and online both c
 }
 
 
+QWEN3_KINDS = {"eagle3_levers"}  # trained on recipes/targets/stories-qwen3; the others on stories260K
+
+
+def target_of(kind: str) -> str:
+    return "stories-qwen3" if kind in QWEN3_KINDS else "stories260K"
+
+
 def overrides(home: Path, run_dir: Path, kind: str) -> list[str]:
     """24 regenerated stories, 20 for training: batch 4 -> 5 micro-batches an epoch, 16 in the run (3.2 epochs)."""
     drafter, mode = KINDS[kind]
+    target = target_of(kind)
     return [
-        f"target={REPO / 'recipes/targets/stories260K'}",
+        f"target={REPO / 'recipes/targets' / target}",
         f"run_dir={run_dir}",
         *drafter,
         "data.max_length=24",
         "data.held_out=0.17",
         "data.regenerate.enabled=true",
-        f"data.regenerate.out_dir={home / 'regen'}",
+        f"data.regenerate.out_dir={home / ('regen-' + target)}",  # one regeneration a target
         "data.regenerate.num_samples=24",
         "data.regenerate.max_new_tokens=20",
         "data.regenerate.stop_ids=[1]",
@@ -179,14 +190,16 @@ def assert_identical(ref: Path, got: Path) -> None:
 
 @pytest.fixture(scope="module")
 def home(tmp_path_factory) -> Path:
-    """One data home for every kind: the stories are regenerated once, feature caches built once a kind."""
+    """One data home for every kind: the stories are regenerated once a target, feature caches built once a kind."""
     return tmp_path_factory.mktemp("resume_home")
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_killed_three_times_resumes_bit_for_bit(home, tmp_path, kind):
     assert run_here(home, tmp_path / "ref", kind) == 0
-    assert (home / "regen/.last_used.json").exists()  # the data home records the use (`draftsmith data ls`)
+    assert (
+        home / f"regen-{target_of(kind)}/.last_used.json"
+    ).exists()  # the data home records the use (`draftsmith data ls`)
     for i, point in enumerate(kill_points(kind)):
         assert run_killed(home, tmp_path / "run", kind, point) == -signal.SIGKILL, f"kill {i} at {point} did not happen"
     assert run_here(home, tmp_path / "run", kind) == 0
