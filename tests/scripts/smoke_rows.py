@@ -295,6 +295,12 @@ def demo(tmp, chat):
     return ["--help"], "usage"
 
 
+@row("distill_story_qwen3.py")
+def distill_story_qwen3(tmp, chat):
+    tiny = ["--layers", "1", "--samples", "8", "--held-out", "4", "--length", "12", "--steps", "2", "--batch-size", "2"]
+    return ["--out", str(tmp / "sq3"), *tiny, "--threads", "1"], "top-1 agreement"
+
+
 @row("draft_vocab_coverage.py")
 def draft_vocab_coverage(tmp, chat):
     return ["--target", str(chat), "--source", str(chats(tmp)), "--n", "10", "--sizes", "32", "64"], "held-out coverage"
