@@ -54,12 +54,10 @@ def questions() -> list[str]:
 def chats(tmp: Path) -> Path:
     """Conversations with answers: the first 10 MT-bench questions, answered by themselves."""
     p = tmp / "chats.jsonl"
-    p.write_text(
-        "".join(
-            json.dumps({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": q}]}) + "\n"
-            for q in questions()[:10]
-        )
+    rows = (
+        {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": q}]} for q in questions()[:10]
     )
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return p
 
 
@@ -296,9 +294,8 @@ def demo(tmp, chat):
 
 
 @row("distill_story_qwen3.py")
-def distill_story_qwen3(tmp, chat):
-    tiny = ["--layers", "1", "--samples", "8", "--held-out", "4", "--length", "12", "--steps", "2", "--batch-size", "2"]
-    return ["--out", str(tmp / "sq3"), *tiny, "--threads", "1"], "top-1 agreement"
+def distill_story_qwen3(tmp, chat):  # a 1-layer Qwen3, 2 steps on 8 stories of 12 tokens
+    return ["--out", str(tmp / "q"), *"--layers 1 --samples 8 --held-out 4 --length 12 --steps 2".split()], "top-1"
 
 
 @row("draft_vocab_coverage.py")
