@@ -167,14 +167,19 @@ def without_seed(lever_text: str) -> str:
     return ", ".join(parts) or "(base)"
 
 
-def seed_groups(points: list[dict], shapes: list[str]) -> dict[str, dict[str, list[float]]]:
-    """{lever without its seed: {shape: τ of each run's last point}}, levers in first-seen order."""
+def last_points(points: list[dict]) -> dict[str, dict]:
+    """{run: its last labelled point} (the drafter a lever run ends with), runs in first-seen order."""
     last: dict[str, dict] = {}
     for p in points:
         if "lever" in p and p["step"] >= last.get(p["run"], {"step": -1})["step"]:
             last[p["run"]] = p
+    return last
+
+
+def seed_groups(points: list[dict], shapes: list[str]) -> dict[str, dict[str, list[float]]]:
+    """{lever without its seed: {shape: τ of each run's last point}}, levers in first-seen order."""
     groups: dict[str, dict[str, list[float]]] = {}
-    for p in last.values():
+    for p in last_points(points).values():
         g = groups.setdefault(without_seed(p["lever"]), {s: [] for s in shapes})
         for s in shapes:
             if s in p["shapes"]:
@@ -190,10 +195,7 @@ def seed_of(p: dict) -> int:
 def seed_pairs(points: list[dict], shapes: list[str]) -> dict[str, dict[str, list[tuple[int, float, float]]]]:
     """{lever without its seed: {shape: [(seed, paired Δ τ, SE)]}}: each run's last point against the base run of
     the same seed over the same prompts; a seed changes the data too, so this removes that spread."""
-    last: dict[str, dict] = {}
-    for p in points:
-        if "lever" in p and p["step"] >= last.get(p["run"], {"step": -1})["step"]:
-            last[p["run"]] = p
+    last = last_points(points)
     bases = {seed_of(p): p for p in last.values() if without_seed(p["lever"]) == "(base)"}
     out: dict[str, dict[str, list[tuple[int, float, float]]]] = {}
     for p in last.values():
