@@ -130,6 +130,32 @@ def default_cache(target: str) -> Path | None:
     return found[-1] if found else None
 
 
+def add_batch_args(ap: argparse.ArgumentParser, batches: int) -> None:
+    """The flags that pick a benchmark's batches (a feature cache or random ones) and its threads."""
+    ap.add_argument("--cache", default=None, help="feature cache directory (default: the newest for the target)")
+    ap.add_argument("--synthetic", action="store_true", help="random batches instead of a feature cache")
+    ap.add_argument("--seq-len", type=int, default=300, help="--synthetic: the longest sequence")
+    ap.add_argument("--batches", type=int, default=batches, help="timed batches per form (after one warm-up)")
+    ap.add_argument("--batch-size", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=1)
+
+
+def load_batches(args: argparse.Namespace, target: Target, hidden_ids: list[int]) -> tuple[str, list[dict]] | None:
+    """(their source, --batches + 1 batches: the first warms up) as add_batch_args' flags say; None (the error
+    printed) when there is no feature cache."""
+    if args.synthetic:
+        return "synthetic", synthetic_batches(target, args.batches + 1, args.batch_size, args.seq_len, hidden_ids, 0)
+    cache = Path(args.cache) if args.cache else default_cache(args.target)
+    if cache is None or not cache.is_dir():
+        print(
+            f"error: no feature cache {cache or ''}; build one (python -m train.features "
+            "recipes/smollm2-135m/eagle3.yaml) or pass --synthetic",
+            file=sys.stderr,
+        )
+        return None
+    return str(cache), cache_batches(cache, args.batches + 1, args.batch_size, 0)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--target", default=str(REPO / "recipes/targets/smollm2-135m-instruct"))
@@ -137,12 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         "--recipes", default=str(REPO / "recipes/smollm2-135m"), help="the drafters' settings come from here"
     )
     ap.add_argument("--kinds", default="eagle3,medusa,layerskip")
-    ap.add_argument("--cache", default=None, help="feature cache directory (default: the newest for the target)")
-    ap.add_argument("--synthetic", action="store_true", help="random batches instead of a feature cache")
-    ap.add_argument("--seq-len", type=int, default=300, help="--synthetic: the longest sequence")
-    ap.add_argument("--batches", type=int, default=6, help="timed batches per form (after one warm-up)")
-    ap.add_argument("--batch-size", type=int, default=4)
-    ap.add_argument("--threads", type=int, default=1)
+    add_batch_args(ap, batches=6)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     if missing_target(args.target):
@@ -151,20 +172,10 @@ def main(argv: list[str] | None = None) -> int:
     kinds = args.kinds.split(",")
     configs = {k: getattr(load_recipe(Path(args.recipes) / f"{k}.yaml").drafter, k) for k in kinds}
     hidden_ids = sorted({i for cfg in configs.values() for i in cfg.feature_ids(target.num_layers)})
-    if args.synthetic:
-        source = "synthetic"
-        batches = synthetic_batches(target, args.batches + 1, args.batch_size, args.seq_len, hidden_ids, 0)
-    else:
-        cache = Path(args.cache) if args.cache else default_cache(args.target)
-        if cache is None or not cache.is_dir():
-            print(
-                f"error: no feature cache {cache or ''}; build one (python -m train.features "
-                "recipes/smollm2-135m/eagle3.yaml) or pass --synthetic",
-                file=sys.stderr,
-            )
-            return 2
-        source = str(cache)
-        batches = cache_batches(cache, args.batches + 1, args.batch_size, 0)
+    loaded = load_batches(args, target, hidden_ids)
+    if loaded is None:
+        return 2
+    source, batches = loaded
     rows = sum(b["attention_mask"].numel() for b in batches)
     taught = sum(int(next_valid(b).sum()) for b in batches)
     print(

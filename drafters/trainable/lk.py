@@ -175,13 +175,21 @@ def overlap_rows(
     -> ([B, T] fp32 α per output, [B, T] fp32 KL per output or [])
     """
     b, _, v = logits[0].shape
-    rows = None if "topk_ids" in batch else head_rows(lm_head, vocab_ids)  # sliced once, not per chunk
     partial = vocab_ids is not None and vocab_ids.numel() < lm_head.weight.shape[0]
-    mass = draft_mass(batch, lm_head, num_layers, vocab_ids) if partial else None  # [B, T]
+    if partial and "topk_ids" not in batch:  # one pass of the whole head gives both p's (no second V' pass)
+        v = lm_head.weight.shape[0]
 
-    def teacher(start: int, stop: int) -> tuple[Tensor, Tensor]:
-        p = teacher_probs(batch, lm_head, num_layers, start, stop, vocab_ids, rows)
-        return p, p if mass is None else p * mass[:, start:stop, None]
+        def teacher(start: int, stop: int) -> tuple[Tensor, Tensor]:
+            own = teacher_probs(batch, lm_head, num_layers, start, stop)[..., vocab_ids]  # [B, c, V'] fp32
+            return own / own.sum(-1, keepdim=True).clamp(min=1e-12), own
+
+    else:
+        rows = None if "topk_ids" in batch else head_rows(lm_head, vocab_ids)  # sliced once, not per chunk
+        mass = draft_mass(batch, lm_head, num_layers, vocab_ids) if partial else None  # [B, T]
+
+        def teacher(start: int, stop: int) -> tuple[Tensor, Tensor]:
+            p = teacher_probs(batch, lm_head, num_layers, start, stop, vocab_ids, rows)
+            return p, p if mass is None else p * mass[:, start:stop, None]
 
     out = _OverlapRows.apply(teacher, chunk or chunk_rows(b, v), with_kl, *logits)
     return list(out[: len(logits)]), list(out[len(logits) :])

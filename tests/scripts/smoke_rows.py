@@ -96,33 +96,21 @@ def answer_repetition(tmp, chat):
 
 @row("bench.py")
 def bench(tmp, chat):
-    return [
-        "--prompts",
-        str(one_prompt(tmp)),
-        "--max-new-tokens",
-        "4",
-        "--drafter",
-        "ar",
-        "--drafter",
-        "early-exit:2",
-    ], "early-exit:2"
+    return ["--prompts", str(one_prompt(tmp)), *"--max-new-tokens 4 --drafter ar --drafter early-exit:2".split()], (
+        "early-exit:2"
+    )
+
+
+@row("bench_block_loss.py")
+def bench_block_loss(tmp, chat):  # the story DSpark recipe over a 64-token draft vocabulary, 2 anchors
+    argv = "--synthetic --seq-len 24 --draft-vocab 64 --anchors 2 --batches 1 --batch-size 2".split()
+    return ["--target", str(chat), "--recipe", f"{RECIPES}/dspark.yaml", *argv], "one pass ms"
 
 
 @row("bench_chat.py")
 def bench_chat(tmp, chat):
-    return [
-        "--target",
-        str(chat),
-        "--suite",
-        "mt-bench",
-        "--limit",
-        "1",
-        "--first-turn-only",
-        "--max-new-tokens",
-        "4",
-        "--untrained",
-        "early-exit:1",
-    ], "early-exit:1"
+    argv = "--suite mt-bench --limit 1 --first-turn-only --max-new-tokens 4 --untrained early-exit:1".split()
+    return ["--target", str(chat), *argv], "early-exit:1"
 
 
 @row("bench_decode.py")
