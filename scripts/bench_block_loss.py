@@ -1,10 +1,11 @@
-"""DSpark's loss terms (KL + acceptance α) from one pass of the teacher vs two, side by side, and the whole step.
+"""DSpark's loss terms (KL + acceptance α) from one pass of the head vs the old four, side by side, and the whole step.
 
 DSpark trains on 0.1 x KL + 0.9 x (1 - α) over the block rows with a loss. Until 2026-12-07 the two terms built
-the target's distribution separately: KL over the draft vocabulary (one pass of its rows of the LM head), α from
-the target's own probabilities of those tokens (the mass of the draft vocabulary: a pass over the whole
-vocabulary and another over the draft rows, then the draft rows again). Now one pass of the whole head gives
-both (drafters/trainable/lk.py overlap_rows, block_loss.position_terms). Both forms run here on the same rows of
+the target's distribution separately ("two passes" below): KL over the draft vocabulary (one pass of its rows of
+the LM head), α from the target's own probabilities of those tokens (the mass of the draft vocabulary: a pass over
+the whole vocabulary and another over the draft rows, then the draft rows again; `old_mass` keeps that code). Now
+one pass of the whole head gives both (drafters/trainable/lk.py overlap_rows, block_loss.position_terms). Both
+forms run here on the same rows of
 a chat feature cache, alternated (a shared machine's load hits them alike), forward and backward; then the
 whole DSpark training step (module.loss as it is, fwd + bwd) at the same anchor counts for scale.
 
@@ -12,13 +13,15 @@ whole DSpark training step (module.loss as it is, fwd + bwd) at the same anchor 
 --cache: a feature cache of the chat recipes (default: the newest for the target); --synthetic: random sequences
 (smoke runs); --draft-vocab N: the recipe's draft_vocab_size replaced (the vocabulary: these batches' N most
 frequent tokens).
-Prints ms per form, the ratio, the largest difference of the terms relative to their largest value (rounding only), and ms per whole step.
+Prints ms per form, the ratio, the largest difference of the terms relative to their largest value (rounding
+only), and ms per whole step.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import statistics
 import sys
 import time
@@ -26,13 +29,14 @@ from pathlib import Path
 
 import torch
 from torch import Tensor
+from torch.nn import functional as F
 
 from decode.errors import missing_target
 from decode.target import Target
 from drafters.trainable.block_loss import block_states
 from drafters.trainable.dspark import DSpark
-from drafters.trainable.lk import _OverlapRows, draft_mass, overlap_rows
-from drafters.trainable.losses import chunk_rows, distill_rows, gather_rows, head_rows, teacher_probs
+from drafters.trainable.lk import _OverlapRows, overlap_rows
+from drafters.trainable.losses import CHUNK_ELEMENTS, chunk_rows, distill_rows, gather_rows, head_rows, teacher_probs
 from train.config import load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,11 +44,30 @@ sys.path.insert(0, str(REPO))  # run as `python scripts/...`: the checkout's hel
 from scripts.bench_loss_rows import add_batch_args, load_batches  # noqa: E402
 
 
+def logsumexp_rows(x: Tensor, w: Tensor, bias: Tensor | None) -> Tensor:
+    """logsumexp_v of x @ w[v] + bias[v], a block of w's rows at a time (the old code). [R, H] -> [R] fp32"""
+    block = max(1, CHUNK_ELEMENTS // max(1, x.shape[0]))
+    out = torch.full((x.shape[0],), -math.inf, device=x.device)
+    for a in range(0, w.shape[0], block):
+        out = torch.logaddexp(
+            out, F.linear(x, w[a : a + block], None if bias is None else bias[a : a + block]).float().logsumexp(-1)
+        )
+    return out
+
+
+@torch.no_grad()
+def old_mass(taught: dict, head: torch.nn.Linear, num_layers: int, vocab: Tensor) -> Tensor:
+    """P_t(vocab) at every row as the old code built it: logsumexp over the draft rows, then over all. -> [1, M]"""
+    x = taught["hidden"][num_layers][0].to(head.weight.dtype)  # [M, H]
+    w_d, b_d = head_rows(head, vocab)
+    return (logsumexp_rows(x, w_d, b_d) - logsumexp_rows(x, head.weight, head.bias)).exp()[None]
+
+
 def two_passes(logits: Tensor, taught: dict, m: DSpark) -> tuple[Tensor, Tensor]:
-    """KL and α as before: distill_rows' V' teacher for KL; draft_mass + a second V' teacher for α."""
+    """KL and α as before: distill_rows' V' teacher for KL; old_mass + a second V' teacher for α."""
     head, L, vocab = m.target.lm_head, m.target.num_layers, m.draft_ids
     (kl,) = distill_rows([logits], [0], taught, head, L, "kl", vocab)
-    mass = draft_mass(taught, head, L, vocab)
+    mass = old_mass(taught, head, L, vocab)
     rows = head_rows(head, vocab)
 
     def teacher(a: int, b: int) -> tuple[Tensor, Tensor]:

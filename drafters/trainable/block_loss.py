@@ -74,9 +74,11 @@ def position_terms(module, logits: Tensor, taught: dict, labels: Tensor, masks: 
         losses = [lk_loss(alpha, kl, m, obj) for m in masks]
         alphas = [masked_mean(alpha, m).detach() for m in masks]
         return losses, {**loss_metrics("lk", losses), **loss_metrics("alpha", alphas)}
-    alpha = None
+    alpha = None  # the acceptance rows, when l1_weight puts 1 - α in the loss
     if cfg.loss == "ce":
         term = hard_ce(logits, module.columns(labels))
+        if cfg.l1_weight > 0:
+            (alpha,), _ = overlap_rows([logits], taught, lm_head, L, vocab)
     elif cfg.l1_weight > 0:  # KL and α from one pass of the teacher (DSpark): it is most of a step's head work
         (alpha,), (term,) = overlap_rows([logits], taught, lm_head, L, vocab, with_kl=True)
     else:
@@ -84,9 +86,7 @@ def position_terms(module, logits: Tensor, taught: dict, labels: Tensor, masks: 
     terms = [masked_mean(term, m) for m in masks]
     metrics = loss_metrics(cfg.loss, terms)
     losses = [cfg.ce_weight * t for t in terms]
-    if cfg.l1_weight > 0:
-        if alpha is None:
-            (alpha,), _ = overlap_rows([logits], taught, lm_head, L, vocab)
+    if alpha is not None:
         alphas = [masked_mean(alpha, m) for m in masks]
         losses = [lo + cfg.l1_weight * (1 - a) for lo, a in zip(losses, alphas)]
         metrics.update(loss_metrics("alpha", alphas))

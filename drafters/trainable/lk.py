@@ -21,15 +21,13 @@ token is verified against the full target, so tokens outside the draft vocabular
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from drafters.trainable.losses import ARGMAX_ROWS, CHUNK_ELEMENTS, chunk_rows, head_rows, masked_mean, teacher_probs
+from drafters.trainable.losses import chunk_rows, head_rows, masked_mean, teacher_probs
 
 VARIANTS = ("lambda", "alpha")
 ALPHA_FLOOR = 1e-12  # -log α floors α here: a row with no overlap at all (α = 0) has no direction to move
@@ -81,42 +79,6 @@ def use_objective(module: nn.Module, objective: Objective) -> None:
 
 
 # --- per-row acceptance (and KL) against the target, a chunk of rows at a time -----------------------
-
-
-def _logsumexp(x: Tensor, w: Tensor, bias: Tensor | None, budget: int) -> Tensor:
-    """logsumexp_v of x @ w[v] + bias[v], scored a block of w's rows at a time. [R, H] -> [R] fp32"""
-    block = max(1, budget // max(1, x.shape[0]))
-    out = torch.full((x.shape[0],), -math.inf, device=x.device)
-    for a in range(0, w.shape[0], block):
-        logits = F.linear(x, w[a : a + block], None if bias is None else bias[a : a + block]).float()
-        out = torch.logaddexp(out, logits.logsumexp(-1))
-    return out
-
-
-@torch.no_grad()
-def draft_mass(
-    batch: dict, lm_head: nn.Linear, num_layers: int, vocab_ids: Tensor, budget: int = CHUNK_ELEMENTS
-) -> Tensor:
-    """P_t(vocab_ids): the target's probability of the draft vocabulary at every row. -> [B, T] fp32
-
-    From the stored top-k (renormalised over it, as teacher_probs reads it) or the frozen head on
-    hidden[num_layers], as exp(logsumexp over vocab_ids - logsumexp over all), ARGMAX_ROWS rows at a time.
-    """
-    if "topk_ids" in batch:
-        ids, p = batch["topk_ids"].long(), batch["topk_probs"].float()
-        inside = torch.zeros(lm_head.weight.shape[0], dtype=torch.bool, device=ids.device)
-        inside[vocab_ids] = True
-        return (p * inside[ids]).sum(-1) / p.sum(-1).clamp(min=1e-12)
-    h = batch["hidden"][num_layers]
-    b, T, H = h.shape
-    w, bias = lm_head.weight, lm_head.bias
-    w_d, bias_d = head_rows(lm_head, vocab_ids)
-    x = h.reshape(b * T, H).to(w.dtype)
-    out = torch.empty(b * T, device=h.device)
-    for r in range(0, b * T, ARGMAX_ROWS):
-        rows = x[r : r + ARGMAX_ROWS]
-        out[r : r + ARGMAX_ROWS] = (_logsumexp(rows, w_d, bias_d, budget) - _logsumexp(rows, w, bias, budget)).exp()
-    return out.view(b, T)
 
 
 class _OverlapRows(torch.autograd.Function):
@@ -175,23 +137,20 @@ def overlap_rows(
     -> ([B, T] fp32 α per output, [B, T] fp32 KL per output or [])
     """
     b, _, v = logits[0].shape
-    partial = vocab_ids is not None and vocab_ids.numel() < lm_head.weight.shape[0]
-    if partial and "topk_ids" not in batch:  # one pass of the whole head gives both p's (no second V' pass)
-        v = lm_head.weight.shape[0]
+    whole = lm_head.weight.shape[0]
+    partial = vocab_ids is not None and vocab_ids.numel() < whole
+    rows = None if "topk_ids" in batch else head_rows(lm_head, None if partial else vocab_ids)  # sliced once
 
-        def teacher(start: int, stop: int) -> tuple[Tensor, Tensor]:
-            own = teacher_probs(batch, lm_head, num_layers, start, stop)[..., vocab_ids]  # [B, c, V'] fp32
-            return own / own.sum(-1, keepdim=True).clamp(min=1e-12), own
+    def teacher(start: int, stop: int) -> tuple[Tensor, Tensor]:
+        # a draft vocabulary: one pass of the whole head gives α's p (the target's own probabilities of V') and
+        # KL's (those renormalised over V')
+        p = teacher_probs(batch, lm_head, num_layers, start, stop, None if partial else vocab_ids, rows)
+        if not partial:
+            return p, p
+        own = p[..., vocab_ids]  # [B, c, V'] fp32
+        return own / own.sum(-1, keepdim=True).clamp(min=1e-12), own
 
-    else:
-        rows = None if "topk_ids" in batch else head_rows(lm_head, vocab_ids)  # sliced once, not per chunk
-        mass = draft_mass(batch, lm_head, num_layers, vocab_ids) if partial else None  # [B, T]
-
-        def teacher(start: int, stop: int) -> tuple[Tensor, Tensor]:
-            p = teacher_probs(batch, lm_head, num_layers, start, stop, vocab_ids, rows)
-            return p, p if mass is None else p * mass[:, start:stop, None]
-
-    out = _OverlapRows.apply(teacher, chunk or chunk_rows(b, v), with_kl, *logits)
+    out = _OverlapRows.apply(teacher, chunk or chunk_rows(b, whole if partial else v), with_kl, *logits)
     return list(out[: len(logits)]), list(out[len(logits) :])
 
 
