@@ -24,7 +24,7 @@ from drafters.serving.checkpoint import (
 )
 from drafters.serving.engine_dirs import read_config, weight_files
 from drafters.serving.export import TOKENIZER_FILES, file_shapes, target_config
-from drafters.serving.layouts.formats import DFLASH_LAYOUTS, LAYER_PREFIX, detect_format, problems
+from drafters.serving.layouts.formats import BLOCK_LAYOUTS, LAYER_PREFIX, detect_format, problems
 from drafters.serving.layouts.rules import (
     EMBEDDING_NOTE,
     SHARED_EMBEDDING,
@@ -156,7 +156,7 @@ def engine_report(path: Path, fmt: str, cfg: dict, facts: TargetFacts, target_to
         eps = layer.get("rms_norm_eps")
         if eps is not None and float(eps) != facts.eps:
             rep.notes.append(f"rms_norm_eps {eps} differs from the target's {facts.eps} (the drafter keeps its own)")
-    if shapes and SHARED_EMBEDDING in shapes and fmt in DFLASH_LAYOUTS:  # the learned mask's row (vllm_dflash.py)
+    if shapes and SHARED_EMBEDDING in shapes and fmt in BLOCK_LAYOUTS:  # the learned mask's row (vllm_dflash.py)
         rep.notes.append(
             f"{SHARED_EMBEDDING}: the target's embedding + the learned mask row vLLM embeds masked rows with"
         )

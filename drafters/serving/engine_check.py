@@ -4,7 +4,8 @@
    (drafters/serving/vllm_env.py owns it: build, locate, run a worker);
 2. the layouts to try: a native checkpoint (or RUN_DIR) is exported to every vLLM layout of its kind
    (EAGLE-3: speculators, and eagle3 written for vLLM; Medusa: medusa-vllm; DFlash: vllm-dflash and
-   speculators-dflash, drafting block_size - 1 tokens in both engines); an engine-layout directory is tried as it is;
+   speculators-dflash, drafting block_size - 1 tokens in both engines; DSpark: vllm-dspark, which this CPU build
+   loads but cannot run, so its heads are compared instead: engine_heads.py); an engine-layout directory as it is;
 3. our decoder on the prompts' token ids: plain (ar) and with the drafter, a chain of --draft-len, greedy;
 4. vLLM on the same ids (drafters/serving/vllm_worker.py, run by the side python): plain, and with each layout as
    the speculative model, greedy, enforce_eager;
@@ -23,18 +24,14 @@ from pathlib import Path
 from decode.errors import USER_ERRORS
 from drafters.serving.vllm_env import SideVenvError, draftsmith_home, ensure_side_venv, run_worker
 
-METHODS = {
-    "speculators": "eagle3",
-    "eagle3": "eagle3",
-    "medusa-vllm": "medusa",
-    "vllm-dflash": "dflash",
-    "speculators-dflash": "dflash",
-}
-LAYOUTS_OF = {
-    "eagle3": ("speculators", "eagle3"),
-    "medusa": ("medusa-vllm",),
-    "dflash": ("vllm-dflash", "speculators-dflash"),
-}
+METHODS = {"speculators": "eagle3", "eagle3": "eagle3", "medusa-vllm": "medusa", "vllm-dflash": "dflash"}
+METHODS |= {"speculators-dflash": "dflash", "vllm-dspark": "dspark"}
+LAYOUTS_OF = {"eagle3": ("speculators", "eagle3"), "medusa": ("medusa-vllm",), "dspark": ("vllm-dspark",)}
+LAYOUTS_OF["dflash"] = ("vllm-dflash", "speculators-dflash")
+# the first layout's figures, at the top level of engine_check.json too
+TOP_KEYS = "engine_drafts our_rounds engine_acceptance_length our_acceptance_length our_acceptance_length_full_depth \
+engine_tokens_per_s our_tokens_per_s engine_plain_tokens_per_s our_ar_tokens_per_s engine_batched_tokens_per_s \
+engine_plain_batched_tokens_per_s".split()
 TOLERANCE = 0.05  # |engine acceptance length - our tau per round| the check passes with
 WORKER = Path(__file__).with_name("vllm_worker.py")
 
@@ -77,9 +74,9 @@ def block_draft_len(layouts: dict[str, Path], k: int) -> int:
 
 
 def is_block(d: Path) -> bool:
-    from drafters.serving.layouts.formats import DFLASH_LAYOUTS, detect_format
+    from drafters.serving.layouts.formats import BLOCK_LAYOUTS, detect_format
 
-    return detect_format(json.loads((d / "config.json").read_text())) in DFLASH_LAYOUTS
+    return detect_format(json.loads((d / "config.json").read_text())) in BLOCK_LAYOUTS
 
 
 # --- 3. our decoder -------------------------------------------------------------------------------------
@@ -119,15 +116,15 @@ def per_s(run: dict, key: str) -> float | None:
     return run["new_tokens"] / run[key] if run.get(key) else None
 
 
-def compare(layout: str, run: dict, plain: dict, ours: dict, k: int) -> dict:
-    """One layout's row of engine_check.json."""
+def our_row(layout: str, ours: dict, k: int) -> dict:
+    """Our decoder's side of a layout's row."""
     stats = ours["spec"]["stats"]
     # Our decoder drafts fewer than k tokens when fewer can still be emitted; vLLM always drafts k and counts
     # what it accepts past max_tokens. So the per-position rates are among rounds that drafted that deep,
     # and the acceptance length compared is theirs summed (= tau per round had every round drafted k).
     by_pos = (stats.acceptance_by_depth[:k] + [0.0] * k)[:k]
     our_tau = tau_per_round(sum(stats.accepted_lengths), stats.rounds)
-    row = {
+    return {
         "layout": layout,
         "method": METHODS[layout],
         "our_rounds": stats.rounds,
@@ -138,6 +135,11 @@ def compare(layout: str, run: dict, plain: dict, ours: dict, k: int) -> dict:
         "our_acceptance_by_position": by_pos,
         "ours_identical": ours["spec"]["outputs"] == ours["ar"]["outputs"],
     }
+
+
+def compare(layout: str, run: dict, plain: dict, ours: dict, k: int) -> dict:
+    """One layout's row of engine_check.json."""
+    row = our_row(layout, ours, k)
     if "error" in run:
         return {
             **row,
@@ -178,6 +180,16 @@ def print_table(rows: list[dict], file=sys.stdout) -> None:
         file=file,
     )
     for r in rows:
+        if r.get("served") is False:  # loaded only (engine_heads.py)
+            heads = (
+                f"heads gap {r['heads_logit_gap']:.1e} / P(accept) {r['heads_confidence_gap']:.1e}"
+                if r["loaded"]
+                else ""
+            )
+            print(f"{r['layout']:<12} {'-':>9}  loaded, not run: the CPU build cannot serve it; {heads}", file=file)
+            if r.get("error"):
+                print(f"  {r['layout']}: vLLM refused it: {r['error']}", file=file)
+            continue
         pos = " ".join(
             f"{e:.2f}/{o:.2f}"
             for e, o in zip(r.get("engine_acceptance_by_position") or [], r["our_acceptance_by_position"])
@@ -214,6 +226,8 @@ def engine_check(
     from decode.generate import encode_prompt
     from decode.harness.prompts import load_prompts, render_turn
     from decode.target import Target
+    from drafters.serving.engine_dirs import load_module
+    from drafters.serving.engine_heads import LOAD_ONLY, compare_heads, probe, stored_dtype
 
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -239,23 +253,32 @@ def engine_check(
         "threads": threads,
         "runs": [{"name": "plain", "speculative_config": None}]
         + [
-            {
-                "name": layout,
-                "speculative_config": {
-                    "method": METHODS[layout],
-                    "model": str(d.resolve()),
-                    "num_speculative_tokens": k,
-                },
-            }
-            for layout, d in layouts.items()
+            {"name": layout, "speculative_config": {"method": METHODS[layout], "model": str(d.resolve())}}
+            for layout, d in sorted(layouts.items(), key=lambda x: METHODS[x[0]] in LOAD_ONLY)  # load-only ones last
         ],
     }
+    loaded_only = [lay for lay in layouts if METHODS[lay] in LOAD_ONLY]  # engine_heads.py: loaded, heads compared
+    module = load_module(Path(spec), model) if loaded_only else None
+    the_probe = probe(module) if loaded_only else None
+    for run in job["runs"][1:]:
+        run["speculative_config"]["num_speculative_tokens"] = k
+        if run["name"] in loaded_only:
+            run["probe"] = the_probe
     result = run_worker(py, WORKER, job, out_dir / "vllm", timeout)
     runs = {r["name"]: r for r in result["runs"]}
     plain = runs.get("plain", {})
     if "error" in plain or not plain:
         raise RuntimeError(f"vLLM could not run the target plainly: {plain.get('error', 'no result')}")
-    rows = [compare(layout, runs.get(layout, {"error": "no result"}), plain, ours, k) for layout in layouts]
+    rows = [
+        {
+            **our_row(lay, ours, k),
+            **compare_heads(runs.get(lay, {"error": "no result"}), module, the_probe, stored_dtype(layouts[lay])),
+        }
+        if lay in loaded_only
+        else compare(lay, runs.get(lay, {"error": "no result"}), plain, ours, k)
+        for lay in layouts
+    ]
+    served = [r["identical"] for r in rows if r["identical"] is not None]
     report = {
         "drafter": str(drafter_dir),
         "target": target,
@@ -265,25 +288,12 @@ def engine_check(
         "prompts": len(prompts),
         "vllm_version": result.get("vllm_version"),
         "tolerance": TOLERANCE,
-        "identical": all(r["identical"] for r in rows),
+        "identical": all(served) if served else None,
         "ok": all(r.get("ok", False) for r in rows),
         "engine_plain_matches_ours": plain["outputs"] == ours["ar"]["outputs"],
         "layouts": rows,
     }
-    for key in (
-        "engine_drafts",
-        "our_rounds",
-        "engine_acceptance_length",
-        "our_acceptance_length",
-        "our_acceptance_length_full_depth",
-        "engine_tokens_per_s",
-        "our_tokens_per_s",
-        "engine_plain_tokens_per_s",
-        "our_ar_tokens_per_s",
-        "engine_batched_tokens_per_s",
-        "engine_plain_batched_tokens_per_s",
-    ):  # the first layout's figures at the top level too
-        report[key] = rows[0].get(key)
+    report |= {key: rows[0].get(key) for key in TOP_KEYS}
     (out_dir / "engine_check.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
 

@@ -23,7 +23,8 @@ from torch import Tensor
 from decode.errors import load_safetensors, read_json
 from decode.target import Target
 from drafters.serving.checkpoint import in_target_dtype, load_drafter, read_meta
-from drafters.serving.layouts.formats import DFLASH_LAYOUTS, LAYER_PREFIX, LAYOUTS, detect_format, problems
+from drafters.serving.layouts import vllm_dspark
+from drafters.serving.layouts.formats import BLOCK_LAYOUTS, LAYER_PREFIX, LAYOUTS, detect_format, problems
 from drafters.serving.layouts.rules import SHARED_EMBEDDING, TargetFacts, capture_ids_hf, unnamed_ids_warning
 from drafters.serving.layouts.vllm_dflash import EMBED
 
@@ -175,14 +176,22 @@ def load_medusa(path: Path, target: Target):
 
 
 def load_dflash(path: Path, target: Target):
-    """A DFlash directory (vLLM's DFlashDraftModel or speculators layout) as a DFlash module on `target`."""
+    """A DFlash or DSpark directory (vLLM's DFlashDraftModel / Qwen3DSparkModel, or the speculators DFlash layout)
+    as a DFlash / DSpark module on `target`."""
     from drafters.trainable.dflash import DFlash, DFlashConfig
+    from drafters.trainable.dspark import DSpark, DSparkConfig
 
     cfg = read_config(path) or {}
     fmt = detect_format(cfg)
     tensors = read_tensors(path)
     refuse_problems(path, fmt, cfg, tensors, target)
-    layout = DFLASH_LAYOUTS[fmt]
+    layout = BLOCK_LAYOUTS[fmt]
+    dspark = fmt == "vllm-dspark"
+    heads = (
+        {k: tensors.pop(k) for k in (vllm_dspark.W1, vllm_dspark.W2, vllm_dspark.CONF, vllm_dspark.CONF_BIAS)}
+        if dspark
+        else {}
+    )
     layer = layout.layer(cfg)
     mask = int(cfg["mask_token_id"] if fmt == "speculators-dflash" else cfg["dflash_config"]["mask_token_id"])
     state = {k: v for k, v in tensors.items() if k not in (EMBED, "lm_head.weight")}
@@ -207,7 +216,7 @@ def load_dflash(path: Path, target: Target):
                 f"{mask}): vLLM would embed the tokens otherwise than draftsmith; export the drafter again"
             )
         state["mask_embedding"] = embed[V]
-    config = DFlashConfig(
+    config = dict(
         capture_ids=tuple(layout.capture_ids_hf(cfg)),  # ascending, as fc's column blocks are
         num_layers=int(layer["num_hidden_layers"]),
         block_size=int(cfg["block_size"]),
@@ -216,9 +225,42 @@ def load_dflash(path: Path, target: Target):
         qk_norm=True,
         draft_vocab_size=n,
     )
-    module = DFlash(target, config)
+    if dspark:
+        module = DSpark(target, DSparkConfig(**config, markov_rank=int(cfg["markov_rank"])))
+        head = target.lm_head.weight.detach().cpu()
+        rows = head[torch.arange(n) + tensors["d2t"].long()] if n else head
+        state |= dspark_state(heads, rows, target.vocab_size, path)
+    else:
+        module = DFlash(target, DFlashConfig(**config))
     module.load_state_dict(state)  # strict: problems() already matched every key and shape
     return module.eval()
+
+
+def dspark_state(heads: dict[str, Tensor], head_rows: Tensor, vocab: int, path: Path) -> dict[str, Tensor]:
+    """vLLM's DSpark heads (vllm_dspark.py) in ours: E = markov_w1's first V rows; W [D, r] solves
+    head rows @ W = markov_w2 (the rows have rank D, so an export of ours gives W back up to rounding);
+    the confidence head's first D columns and bias. Refused when no W reproduces markov_w2 and the confidence
+    weight's Markov columns: a head of that form is not one draftsmith's DSpark computes."""
+    rows = head_rows.double()  # [N, D]: the target's head rows the drafter scores
+    w2, conf = heads[vllm_dspark.W2].double(), heads[vllm_dspark.CONF].double()  # [N, r], [1, D + r]
+    proj = torch.linalg.lstsq(rows, w2).solution  # [D, r]
+    D = rows.shape[1]
+    off = max(
+        float((rows @ proj - w2).abs().max() / w2.abs().max().clamp(min=1e-12)),
+        float((conf[:, :D] @ proj - conf[:, D:]).abs().max() / conf[:, D:].abs().max().clamp(min=1e-12)),
+    )
+    if off > 0.05:  # bf16 rounding of an export of ours stays near 1e-2
+        raise ValueError(
+            f"{path}: markov_w2 is not the target's head rows times one [D, r] map (relative misfit {off:.2g}): "
+            "draftsmith's DSpark adds its Markov term before the head and cannot hold this drafter"
+        )
+    dtype = heads[vllm_dspark.W1].dtype
+    return {
+        "markov.embed.weight": heads[vllm_dspark.W1][:vocab],  # a learned mask's extra row is never read
+        "markov.proj.weight": proj.to(dtype),
+        "conf_head.weight": heads[vllm_dspark.CONF][:, :D],
+        "conf_head.bias": heads[vllm_dspark.CONF_BIAS],
+    }
 
 
 def engine_module(path: Path, target: Target):
@@ -228,7 +270,7 @@ def engine_module(path: Path, target: Target):
         return load_eagle3(path, target)
     if fmt == "medusa-vllm":
         return load_medusa(path, target)
-    if fmt in DFLASH_LAYOUTS:
+    if fmt in BLOCK_LAYOUTS:
         return load_dflash(path, target)
     return None
 

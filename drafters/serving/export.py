@@ -1,9 +1,8 @@
 """`python -m drafters.export RUN_OR_CKPT_DIR --format native|eagle3|speculators|medusa-vllm|vllm-dflash|... --out DIR`.
 
 1. find the native checkpoint (a run directory means RUN_DIR/export) and read its config.json;
-2. read the target's config (--target, else the one the checkpoint names) — never its weights, except
-   the LM head a Medusa export copies — and check the checkpoint was trained for that target and that
-   its model.safetensors holds exactly the drafter's keys and shapes;
+2. read the target's config (--target, else the one the checkpoint names) and check the checkpoint was trained
+   for it and holds exactly the drafter's keys and shapes (of the target's weights only what a layout copies);
 3. plan the layout (drafters/serving/layouts/): config.json and the source of every exported key; gather the
    tensors and check them against the engine's expectations (exact key set, shapes, required config
    fields, the target's sizes, max positions, rope and capture ids) before anything is written;
@@ -34,8 +33,9 @@ from drafters.serving.checkpoint import (
     skeleton_target,
     write_atomically,
 )
+from drafters.serving.layouts import vllm_dflash, vllm_dspark
 from drafters.serving.layouts.formats import (
-    DFLASH_LAYOUTS,
+    BLOCK_LAYOUTS,
     FORMATS,
     LAYER_PREFIX,
     check_export,
@@ -54,7 +54,6 @@ from drafters.serving.layouts.rules import (
     ascending_fc,
     key_problems,
 )
-from drafters.serving.layouts.vllm_dflash import MASK_ROWS
 from drafters.serving.model_card import model_card
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -110,10 +109,8 @@ def target_config(name_or_path: str):
     try:
         return AutoConfig.from_pretrained(resolve_model_path(name_or_path), trust_remote_code=False)
     except (OSError, ValueError) as e:
-        raise FileNotFoundError(
-            f"cannot read the target's config {name_or_path!r}: {e}\n"
-            "pass --target MODEL_DIR (the model the drafter was trained on)"
-        ) from e
+        msg = f"cannot read the target's config {name_or_path!r}: {e}\npass --target MODEL_DIR (the drafter's target)"
+        raise FileNotFoundError(msg) from e
 
 
 def file_shapes(path: Path) -> dict[str, tuple[int, ...]]:
@@ -132,7 +129,8 @@ def target_head(model_dir: Path | None, config) -> torch.Tensor:
     """The target's LM head [V, H] read from its safetensors (the embedding when the head is tied)."""
     tied = bool(getattr(config, "tie_word_embeddings", False))
     names = ["model.embed_tokens.weight", "lm_head.weight"] if tied else ["lm_head.weight"]
-    return target_tensor(model_dir, names, "the export copies the target's LM head (Medusa; a draft vocabulary's rows)")
+    why = "the export copies the target's LM head (Medusa; a draft vocabulary's rows; DSpark's heads)"
+    return target_tensor(model_dir, names, why)
 
 
 def target_tensor(model_dir: Path | None, names: list[str], why: str) -> torch.Tensor:
@@ -210,22 +208,25 @@ def export(
     check_export(
         fmt, layout, planned_shapes(sources, {k: tuple(v.shape) for k, v in state.items()}, facts), facts, extra
     )
-    if fmt in LAYER_PREFIX or fmt in DFLASH_LAYOUTS:
+    if fmt in LAYER_PREFIX or fmt in BLOCK_LAYOUTS:
         state = {**state, "fc.weight": ascending_fc(state["fc.weight"], [int(i) for i in meta["capture_ids"]])}
-    head = target_head(local_model_dir(name), config) if {TARGET_HEAD, DRAFT_HEAD} & set(sources.values()) else None
+    need_head = {TARGET_HEAD, DRAFT_HEAD} & set(sources.values()) or fmt == "vllm-dspark"  # its heads read the head
+    head = target_head(local_model_dir(name), config) if need_head else None
     rows = head[torch.arange(len(state["d2t"])) + state["d2t"]] if DRAFT_HEAD in sources.values() else None
     embed = (
         target_tensor(local_model_dir(name), ["model.embed_tokens.weight"], "the export copies the target's embedding")
-        if {TARGET_EMBED, MASK_ROWS} & set(sources.values())
+        if {TARGET_EMBED, vllm_dflash.MASK_ROWS} & set(sources.values())
         else None
     )
-    if MASK_ROWS in sources.values():  # a learned mask: one row after the target's vocabulary (vllm_dflash.py)
+    if vllm_dflash.MASK_ROWS in sources.values():  # a learned mask: one row after the target's vocabulary
         embed = torch.cat([embed, state["mask_embedding"][None].to(embed.dtype)])
-    own = next(v.dtype for v in state.values() if v.is_floating_point())
-    cast = DTYPES.get(dtype, own)
+    cast = DTYPES.get(dtype, next(v.dtype for v in state.values() if v.is_floating_point()))  # keep: the drafter's
+    derived = {TARGET_HEAD: head, TARGET_EMBED: embed, vllm_dflash.MASK_ROWS: embed, DRAFT_HEAD: rows}
+    if fmt == "vllm-dspark":
+        derived |= vllm_dspark.heads(state, rows if rows is not None else head)
     tensors = {}
     for key, source in sources.items():
-        t = {TARGET_HEAD: head, TARGET_EMBED: embed, MASK_ROWS: embed, DRAFT_HEAD: rows}.get(source)
+        t = derived.get(source)
         t = t.clone() if t is not None else state[source]  # clones: safetensors refuses shared storage
         tensors[key] = (t.to(cast) if t.is_floating_point() else t).contiguous()
     layout["torch_dtype"] = str(cast).removeprefix("torch.")

@@ -22,6 +22,7 @@ LAYOUT_NAMES = {
     "medusa-vllm": "vLLM's Medusa layout (`MedusaModel`)",
     "vllm-dflash": "z-lab's DFlash layout, which vLLM loads as `DFlashDraftModel`",
     "speculators-dflash": "the speculators DFlash layout vLLM loads",
+    "vllm-dspark": "vLLM's Qwen3 DSpark layout (`Qwen3DSparkModel`)",
 }
 LIBRARY = {
     "native": "draftsmith",
@@ -30,6 +31,7 @@ LIBRARY = {
     "medusa-vllm": "vllm",
     "vllm-dflash": "vllm",
     "speculators-dflash": "vllm",
+    "vllm-dspark": "vllm",
 }
 KIND_NAMES = {
     "eagle3": "EAGLE-3",
@@ -45,8 +47,14 @@ ENGINE_FORMATS = {
     "eagle3": (("speculators", "vllm"), ("eagle3", "sglang")),
     "medusa": (("medusa-vllm", "vllm"),),
     "dflash": (("vllm-dflash", "vllm"),),
+    "dspark": (("vllm-dspark", "vllm"),),
 }
-METHOD = {"medusa-vllm": "medusa", "vllm-dflash": "dflash", "speculators-dflash": "dflash"}  # vLLM's method name
+METHOD = {
+    "medusa-vllm": "medusa",
+    "vllm-dflash": "dflash",
+    "speculators-dflash": "dflash",
+    "vllm-dspark": "dspark",
+}  # vLLM's method name
 
 
 @dataclass(frozen=True)
@@ -99,6 +107,7 @@ def engine_tags(f: CardFacts) -> list[str]:
         "medusa-vllm": ["vllm"],
         "vllm-dflash": ["vllm"],
         "speculators-dflash": ["vllm", "speculators"],
+        "vllm-dspark": ["vllm"],
     }.get(f.fmt, [])
 
 
@@ -153,6 +162,8 @@ def engine_section(f: CardFacts, directory: str, fmt: str, only: str | None = No
         out += ["vLLM:", "", "```bash", *pre, vllm_command(f, directory, fmt), "```", ""]
     if reads_sglang:
         out += ["SGLang:", "", "```bash", *pre, sglang_command(f, directory), "```", ""]
+    if fmt == "vllm-dspark":
+        out += ["vLLM 0.32 runs DSpark in its GPU model runner (V2) only; its CPU runner has no DSpark proposer.", ""]
     if only is not None:
         return out
     if fmt == "eagle3" and f.engine:
@@ -166,7 +177,7 @@ def engine_section(f: CardFacts, directory: str, fmt: str, only: str | None = No
         out += ["SGLang reads the `eagle3` layout: export the native checkpoint again with `--format eagle3`.", ""]
     elif fmt == "medusa-vllm":
         out += ["SGLang has no Medusa drafter: serve it with vLLM.", ""]
-    elif fmt in ("vllm-dflash", "speculators-dflash"):
+    elif fmt in ("vllm-dflash", "speculators-dflash", "vllm-dspark"):
         out += [f"vLLM drafts the whole block: keep num_speculative_tokens at {f.draft_tokens} (block size - 1).", ""]
     return out
 

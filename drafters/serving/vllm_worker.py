@@ -8,7 +8,7 @@ It must not import draftsmith (the side venv has another transformers and no dra
 `enforce_eager=True`, stats on) and, after one untimed warm-up, decodes the prompts from their token ids twice:
 single stream (one request per generate call, as our decoder runs; its outputs, seconds and the speculative-decoding
 counters of `llm.get_metrics()`, differences over that pass) and batched (every prompt in one call: the engine's
-continuous batching, `batched_seconds`, reported apart). A run that fails records its error line and the next run
+continuous batching, `batched_seconds`, reported apart). A run with a `probe` is loaded, not run (load_one). A run that fails records its error line and the next run
 still goes. `threads` sets OMP_NUM_THREADS for the engine's processes (0: the engine's default).
 """
 
@@ -91,6 +91,52 @@ def run_one(job: dict, run: dict) -> dict:
     }
 
 
+def load_one(job: dict, run: dict) -> dict:
+    """A method this CPU build cannot serve (DSpark: vllm_dspark.NO_CPU_RUNNER), loaded instead of run: the target
+    and the draft model built by vLLM's own loaders (load_dspark_model: every weight must load), then the draft's
+    heads on the probe's head states h [n, D] and previous tokens [n]: {logits [n, N], confidence [n]}."""
+    import socket
+
+    import torch
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.model_loader import get_model
+    from vllm.v1.worker.gpu.spec_decode.dspark.utils import load_dspark_model
+
+    gate, empty = VllmConfig._validate_v1_model_runner, torch.accelerator.empty_cache
+    VllmConfig._validate_v1_model_runner = lambda self: None  # it refuses dspark; no model runner is built here
+    torch.accelerator.empty_cache = lambda: None  # the loader frees an accelerator cache; a CPU has none
+    try:
+        cfg = EngineArgs(
+            model=job["target"],
+            dtype=job.get("dtype", "float32"),
+            max_model_len=job["max_model_len"],
+            skip_tokenizer_init=True,
+            enforce_eager=True,
+            speculative_config=run["speculative_config"],
+        ).create_engine_config()
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        with set_current_vllm_config(cfg), torch.no_grad():
+            init_distributed_environment(1, 0, f"tcp://127.0.0.1:{port}", 0, backend="gloo")
+            initialize_model_parallel(1, 1)
+            draft = load_dspark_model(get_model(vllm_config=cfg), cfg)
+            h, prev = torch.tensor(run["probe"]["h"]), torch.tensor(run["probe"]["prev"])
+            e = draft.markov_embed(prev)
+            logits = draft.compute_draft_logits(h.to(draft.lm_head.weight.dtype)) + draft.markov_bias(e)
+            conf = draft.compute_confidence(h, e) if draft.model.confidence_head is not None else None
+    finally:
+        VllmConfig._validate_v1_model_runner, torch.accelerator.empty_cache = gate, empty
+    return {
+        "name": run["name"],
+        "architecture": type(draft).__name__,
+        "logits": logits.float().tolist(),
+        "confidence": None if conf is None else conf.float().tolist(),
+    }
+
+
 def main() -> int:
     job_path, result_path = sys.argv[1], sys.argv[2]
     job = json.loads(open(job_path).read())
@@ -101,7 +147,7 @@ def main() -> int:
     results = {"vllm_version": vllm.__version__, "runs": []}
     for run in job["runs"]:
         try:
-            results["runs"].append(run_one(job, run))
+            results["runs"].append(load_one(job, run) if "probe" in run else run_one(job, run))
         except Exception as e:  # reported per run: the caller prints what the engine refused
             results["runs"].append({"name": run["name"], "error": f"{type(e).__name__}: {e}".splitlines()[0][:500]})
         with open(result_path, "w") as f:  # after every run, so a crash later keeps what finished

@@ -6,7 +6,8 @@ that go to the engine's layout file (plan, expected shapes, problems, the export
 - `speculators`: vllm-project/speculators' Eagle3Speculator (speculators.py);
 - `medusa-vllm`: vLLM's MedusaModel (medusa_vllm.py);
 - `vllm-dflash`: z-lab's DFlash layout, vLLM's DFlashDraftModel (vllm_dflash.py);
-- `speculators-dflash`: speculators' DFlash layout, which vLLM converts to the same model (speculators_dflash.py).
+- `speculators-dflash`: speculators' DFlash layout, which vLLM converts to the same model (speculators_dflash.py);
+- `vllm-dspark`: vLLM's Qwen3DSparkModel, DFlash's layout plus the Markov and confidence heads (vllm_dspark.py).
 `plan` gives a layout's config and where each exported key comes from; `expected_shapes` is what an
 engine builds from a config; `problems` compares a config + key shapes with the engine's expectations
 and the target, each with its fix (rules.py holds what the layouts share).
@@ -14,7 +15,14 @@ and the target, each with its fix (rules.py holds what the layouts share).
 
 from __future__ import annotations
 
-from drafters.serving.layouts import medusa_vllm, sglang_eagle3, speculators, speculators_dflash, vllm_dflash
+from drafters.serving.layouts import (
+    medusa_vllm,
+    sglang_eagle3,
+    speculators,
+    speculators_dflash,
+    vllm_dflash,
+    vllm_dspark,
+)
 from drafters.serving.layouts.rules import (
     DRAFT_HEAD,
     ENGINES,
@@ -33,15 +41,16 @@ LAYOUTS = {  # detection order
     "medusa-vllm": medusa_vllm,
     "vllm-dflash": vllm_dflash,
     "speculators-dflash": speculators_dflash,
+    "vllm-dspark": vllm_dspark,
 }
 NATIVE_KINDS = ("eagle1", "eagle3", "medusa", "layerskip", "dflash", "dspark")
 FORMATS = {"native": NATIVE_KINDS, **{f: m.KINDS for f, m in LAYOUTS.items()}}
 # The block-drafter layouts (capture ids ascending, fc permuted like EAGLE-3's).
-DFLASH_LAYOUTS = {"vllm-dflash": vllm_dflash, "speculators-dflash": speculators_dflash}
+BLOCK_LAYOUTS = {"vllm-dflash": vllm_dflash, "speculators-dflash": speculators_dflash, "vllm-dspark": vllm_dspark}
 # Why a kind has no engine layout beside native, where that is not plain (said with the refusal).
 NO_LAYOUT = {
-    "dspark": "vLLM 0.32's DSpark (qwen3_dspark.py) runs in its GPU model runner only (v1/worker/gpu/spec_decode/"
-    "dspark), and a DFlash layout would drop the Markov and confidence heads, changing every draft"
+    "dspark": "a DFlash layout would drop the Markov and confidence heads, changing every draft; vLLM's own DSpark "
+    "layout is vllm-dspark"
 }
 # The EAGLE-3 layouts, and the key prefix of the decoder layer each carries.
 LAYER_PREFIX = {"eagle3": sglang_eagle3.LAYER_PREFIX, "speculators": speculators.LAYER_PREFIX}
@@ -97,30 +106,40 @@ def plan(
         return sglang_eagle3.plan(meta, native_keys, t, provenance, engine, with_embeddings)
     if fmt == "speculators":
         return speculators.plan(meta, native_keys, t, provenance, speculative_tokens, with_embeddings)
-    if fmt in DFLASH_LAYOUTS:
+    if fmt in BLOCK_LAYOUTS:
         why = vllm_dflash.unfit(meta, speculative_tokens)
         if why:
             raise ValueError(f"cannot write a {fmt} export: {why}")
-        return DFLASH_LAYOUTS[fmt].plan(meta, native_keys, t, provenance)
+        return BLOCK_LAYOUTS[fmt].plan(meta, native_keys, t, provenance)
     return medusa_vllm.plan(meta, native_keys, t, provenance, shared_head_once)
 
 
 def planned_shapes(
     sources: dict[str, str], native: dict[str, tuple[int, ...]], t: TargetFacts
 ) -> dict[str, tuple[int, ...]]:
-    """Shapes of a planned export: each key's native source, the target's LM head / embedding [V, H], or the
-    embedding with a learned mask row [V + 1, H]."""
+    """Shapes of a planned export: each key's native source, the target's LM head / embedding [V, H], the
+    embedding with a learned mask row [V + 1, H], or a DSpark head in vLLM's form (vllm_dspark.py)."""
     rows = {TARGET_HEAD: t.vocab, TARGET_EMBED: t.vocab, vllm_dflash.MASK_ROWS: t.vocab + 1}
     if "d2t" in native:  # a draft vocabulary's head rows (vllm_dflash.py)
         rows[DRAFT_HEAD] = native["d2t"][0]
-    return {k: (rows[s], t.hidden) if s in rows else tuple(native[s]) for k, s in sources.items()}
+    derived = {}
+    if "markov.embed.weight" in native:
+        vocab_in = t.vocab + 1 if "mask_embedding" in native else t.vocab
+        r = native["markov.embed.weight"][1]
+        heads = vllm_dspark.head_shapes(r, vocab_in, rows.get(DRAFT_HEAD, t.vocab), t.hidden)
+        derived = {vllm_dspark.MARKOV_W1: heads[vllm_dspark.W1], vllm_dspark.MARKOV_W2: heads[vllm_dspark.W2]}
+        derived[vllm_dspark.CONF_W] = heads[vllm_dspark.CONF]
+    return {
+        k: (rows[s], t.hidden) if s in rows else derived[s] if s in derived else tuple(native[s])
+        for k, s in sources.items()
+    }
 
 
 def expected_shapes(fmt: str, cfg: dict, t: TargetFacts | None = None) -> dict[str, tuple[int, ...]]:
     """{key: shape} an engine's model for this config loads on target t (missing config fields read as 0)."""
     if fmt not in LAYOUTS:
         raise ValueError(f"no engine layout for format {fmt!r}")
-    if fmt in DFLASH_LAYOUTS:  # the target's vocabulary tells a learned mask row and a draft vocabulary apart
+    if fmt in BLOCK_LAYOUTS:  # the target's vocabulary tells a learned mask row and a draft vocabulary apart
         if t is None:
             raise ValueError(f"the {fmt} shapes depend on the target's vocabulary: pass its TargetFacts")
         return LAYOUTS[fmt].expected_shapes(cfg, t)

@@ -1,6 +1,7 @@
 """DFlash exports for vLLM (`vllm-dflash`: DFlashDraftModel; `speculators-dflash`): key sets and config fields as
 vLLM 0.32's qwen3_dflash.py reads them, the import back drafting what the native checkpoint drafts, and every
-refusal (a layer vLLM cannot build, a proposal length the block cannot take, DSpark, a foreign target, a mask
+refusal (a layer vLLM cannot build, a proposal length the block cannot take, DSpark (test_export_dspark.py has its
+layout), a foreign target, a mask
 token outside the vocabulary, missing heads) one `error:` line with nothing written. No vLLM needed."""
 
 from __future__ import annotations
@@ -102,13 +103,13 @@ def test_layers_without_qk_norm_and_other_proposal_lengths_are_refused(tmp_path,
     assert "served with exactly 3" in err and len(err.strip().splitlines()) == 1
 
 
-def test_dspark_has_no_vllm_layout_and_needs_its_heads(tmp_path, target_dir, capsys):
+def test_dspark_takes_its_own_layout_and_needs_its_heads(tmp_path, target_dir, capsys):
     target = Target.load(target_dir)
     torch.manual_seed(0)
     m = DSpark(target, DSparkConfig(block_size=4, qk_norm=True, markov_rank=8))
     src = run_dir(tmp_path, m, target_dir)
     err = refused(tmp_path, capsys, src, "--format", "vllm-dflash")
-    assert "does not fit a dspark drafter" in err and "GPU model runner" in err
+    assert "does not fit a dspark drafter" in err and "vllm-dspark" in err
     weights = src / "export" / "model.safetensors"
     state = {k: v for k, v in load_file(str(weights)).items() if not k.startswith(("markov.", "conf_head."))}
     save_file(state, str(weights))
