@@ -1,19 +1,23 @@
-"""DSpark's loss terms (KL + acceptance α) from one pass of the head vs the old four, side by side, and the whole step.
+"""DSpark's loss terms (KL + acceptance α): the old four passes of the head, one pass, and the stored log-normaliser.
 
-DSpark trains on 0.1 x KL + 0.9 x (1 - α) over the block rows with a loss. Until 2026-12-07 the two terms built
-the target's distribution separately ("two passes" below): KL over the draft vocabulary (one pass of its rows of
-the LM head), α from the target's own probabilities of those tokens (the mass of the draft vocabulary: a pass over
-the whole vocabulary and another over the draft rows, then the draft rows again; `old_mass` keeps that code). Now
-one pass of the whole head gives both (drafters/trainable/lk.py overlap_rows, block_loss.position_terms). Both
-forms run here on the same rows of
-a chat feature cache, alternated (a shared machine's load hits them alike), forward and backward; then the
-whole DSpark training step (module.loss as it is, fwd + bwd) at the same anchor counts for scale.
+DSpark trains on 0.1 x KL + 0.9 x (1 - α) over the block rows with a loss, α over a draft vocabulary reading the
+target's own probabilities of its tokens. Three forms of the same terms, on the same rows of a chat feature cache,
+alternated (a shared machine's load hits them alike), forward and backward:
+- "four passes" (the code until 2026-12-07): KL over the draft vocabulary (one pass of its rows of the LM head), α
+  from the mass of the draft vocabulary (a pass over the whole vocabulary and another over the draft rows, then the
+  draft rows again; `old_mass` keeps that code);
+- "one pass": one pass of the whole head gives both (drafters/trainable/lk.py overlap_rows without `logz`);
+- "logZ": the target's per-row log-normaliser stored in the feature cache (train/features.py, `logz`), so P's own
+  probabilities need only the draft rows (overlap_rows with `logz`; computed here from the cached states when
+  an older cache lacks it).
+Then the whole DSpark training step (module.loss as it is, fwd + bwd) at the same anchor counts, without and
+with `logz` in the batch.
 
     python scripts/bench_block_loss.py [--cache DIR | --synthetic] [--anchors 16,64] [--batches 4] [--threads 1]
 --cache: a feature cache of the chat recipes (default: the newest for the target); --synthetic: random sequences
 (smoke runs); --draft-vocab N: the recipe's draft_vocab_size replaced (the vocabulary: these batches' N most
 frequent tokens).
-Prints ms per form, the ratio, the largest difference of the terms relative to their largest value (rounding
+Prints ms per form, the ratios, the largest difference of the terms relative to their largest value (rounding
 only), and ms per whole step.
 """
 
@@ -63,7 +67,7 @@ def old_mass(taught: dict, head: torch.nn.Linear, num_layers: int, vocab: Tensor
     return (logsumexp_rows(x, w_d, b_d) - logsumexp_rows(x, head.weight, head.bias)).exp()[None]
 
 
-def two_passes(logits: Tensor, taught: dict, m: DSpark) -> tuple[Tensor, Tensor]:
+def four_passes(logits: Tensor, taught: dict, m: DSpark) -> tuple[Tensor, Tensor]:
     """KL and α as before: distill_rows' V' teacher for KL; old_mass + a second V' teacher for α."""
     head, L, vocab = m.target.lm_head, m.target.num_layers, m.draft_ids
     (kl,) = distill_rows([logits], [0], taught, head, L, "kl", vocab)
@@ -120,33 +124,46 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.target}, float32, {args.threads} thread(s); {len(batches)} batches of {args.batch_size} from {source}"
     )
     print(
-        f"{'anchors':>7} {'rows':>6} {'two passes ms':>14} {'one pass ms':>12} {'ratio':>6} {'rel. Δ':>9} {'step ms':>8}"
+        f"{'anchors':>7} {'rows':>6} {'4 passes ms':>12} {'1 pass ms':>10} {'logZ ms':>8} {'1 / logZ':>8} "
+        f"{'rel. Δ':>9} {'step ms':>8} {'step, logZ':>10}"
     )
+    for batch in batches:  # what a cache built since 2026-12-07 stores
+        if "logz" not in batch:
+            h = batch["hidden"][target.num_layers]
+            head = target.lm_head
+            batch["logz"] = logsumexp_rows(h.flatten(0, 1), head.weight, head.bias).view(h.shape[:2])
     for n in (int(a) for a in args.anchors.split(",")):
         torch.manual_seed(0)
         m = DSpark(target, dataclasses.replace(base, anchors=n), token_counts=counts).train()
-        times: dict[str, list[float]] = {"two": [], "one": [], "step": []}
+        times: dict[str, list[float]] = {"four": [], "one": [], "logz": [], "step": [], "step_logz": []}
         diff, count = 0.0, 0
         for j, batch in enumerate(batches):
             logits, taught = loss_rows(m, batch)
+            plain = {"hidden": taught["hidden"]}
             outs = {}
-            for form, fn in (("two", two_passes), ("one", one_pass)):
+            for form, fn, rows in (("four", four_passes, plain), ("one", one_pass, plain), ("logz", one_pass, taught)):
                 t0 = time.perf_counter()
-                kl, alpha = fn(logits, taught, m)
+                kl, alpha = fn(logits, rows, m)
                 (kl.sum() + alpha.sum()).backward()
                 logits.grad = None
                 if j:
                     times[form].append(time.perf_counter() - t0)
                 outs[form] = torch.cat([kl, alpha], -1)
-            rel = (outs["one"] - outs["two"]).abs().max() / outs["two"].abs().max()
-            diff, count = max(diff, float(rel)), logits.shape[1]
-            t0 = time.perf_counter()
-            m(batch, j)[0].backward()
-            m.zero_grad(set_to_none=True)
-            if j:
-                times["step"].append(time.perf_counter() - t0)
-        two, one, step = (1000 * statistics.median(times[k]) for k in ("two", "one", "step"))
-        print(f"{n:>7} {count:>6} {two:>14.0f} {one:>12.0f} {two / one:>5.2f}x {diff:>9.1e} {step:>8.0f}")
+            for form in ("one", "logz"):
+                rel = (outs[form] - outs["four"]).abs().max() / outs["four"].abs().max()
+                diff = max(diff, float(rel))
+            count = logits.shape[1]
+            for key, b in (("step", {k: v for k, v in batch.items() if k != "logz"}), ("step_logz", batch)):
+                t0 = time.perf_counter()
+                m(b, j)[0].backward()
+                m.zero_grad(set_to_none=True)
+                if j:
+                    times[key].append(time.perf_counter() - t0)
+        four, one, lz, step, step_lz = (1000 * statistics.median(times[k]) for k in times)
+        print(
+            f"{n:>7} {count:>6} {four:>12.0f} {one:>10.0f} {lz:>8.0f} {one / lz:>7.2f}x {diff:>9.1e} "
+            f"{step:>8.0f} {step_lz:>10.0f}"
+        )
     return 0
 
 

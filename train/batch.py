@@ -37,10 +37,11 @@ def collate(items: list[dict[str, Any]], pad_id: int = 0) -> dict[str, Any]:
             for r, it in enumerate(items):
                 buf[r, : it["input_ids"].numel()] = it["hidden"][h]
             batch["hidden"][h] = buf
-    if all("argmax" in it for it in items):  # a cache extended by newer code may have it in some shards only
-        batch["argmax"] = torch.zeros(b, t, dtype=torch.long)
-        for r, it in enumerate(items):
-            batch["argmax"][r, : it["input_ids"].numel()] = it["argmax"]
+    for key, dtype in (("argmax", torch.long), ("logz", torch.float32)):
+        if all(key in it for it in items):  # a cache extended by newer code may have it in some shards only
+            batch[key] = torch.zeros(b, t, dtype=dtype)
+            for r, it in enumerate(items):
+                batch[key][r, : it["input_ids"].numel()] = it[key]
     for key in ("topk_ids", "topk_probs"):
         if key in items[0]:
             k = items[0][key].shape[-1]

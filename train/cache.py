@@ -3,8 +3,9 @@
 Layout of `cache_dir`:
   shard_00000.safetensors   sequences [seq_start, seq_end), tokens concatenated (no padding):
       input_ids [N] int32, loss_mask [N] bool, offsets [n + 1] int64 (sequence j = rows offsets[j]:offsets[j+1]),
-      hidden.{id} [N, D] storage dtype, argmax [N] int32 (the target's next token; absent in caches built
-      before it), and with top-k: topk_ids [N, k] int32, topk_probs [N, k] storage dtype.
+      hidden.{id} [N, D] storage dtype, argmax [N] int32 (the target's next token) and logz [N] float32 (its
+      logits' logsumexp; each absent in caches built before it), and with top-k: topk_ids [N, k] int32,
+      topk_probs [N, k] storage dtype.
       The safetensors metadata holds one key, "draftsmith": JSON {fingerprint hash, shard, seq_start, seq_end,
       tokens} (one key, because safetensors writes several in random order and shards must be byte-stable).
   index.json                written last, by rank 0, from the shards' metadata: the full fingerprint,
@@ -44,7 +45,7 @@ def shard_name(s: int) -> str:
 def bytes_per_token(hidden_size: int, n_hidden: int, dtype: str, topk: int) -> int:
     """Storage per token of this layout (what the projection in scripts/bench_features.py uses)."""
     el = torch.finfo(STORAGE_DTYPES[dtype]).bits // 8
-    return 4 + 1 + 4 + n_hidden * hidden_size * el + topk * (4 + el)  # ids, mask, argmax, hidden, top-k ids + probs
+    return 4 + 1 + 4 + 4 + n_hidden * hidden_size * el + topk * (4 + el)  # ids, mask, argmax, logz, hidden, top-k
 
 
 def write_shard(path: Path, seqs: list[dict[str, Tensor]], meta: dict[str, Any], dtype: str) -> int:
@@ -61,6 +62,8 @@ def write_shard(path: Path, seqs: list[dict[str, Tensor]], meta: dict[str, Any],
             cat = cat.to(torch.int32)
         elif key == "loss_mask":
             cat = cat.to(torch.bool)
+        elif key == "logz":  # a 16-bit logz would move every probability exp(l - logz) by up to ~4%
+            cat = cat.to(torch.float32)
         else:
             cat = cat.to(st)
         tensors[key] = cat.contiguous()
@@ -221,8 +224,8 @@ class FeatureCache:
         return out
 
     def sequence(self, i: int) -> dict[str, Any]:
-        """Sequence i: input_ids [T] long, loss_mask [T] bool, hidden {id: [T, D] float32}, argmax [T] long
-        (when the cache has it), topk_* [T, k]."""
+        """Sequence i: input_ids [T] long, loss_mask [T] bool, hidden {id: [T, D] float32}, argmax [T] long and
+        logz [T] float32 (when the cache has them), topk_* [T, k]."""
         if not 0 <= i < len(self):
             raise IndexError(f"sequence {i} out of range 0..{len(self) - 1}")
         s = bisect.bisect_right(self._starts, i) - 1
@@ -236,6 +239,8 @@ class FeatureCache:
         }
         if "argmax" in f.keys():
             out["argmax"] = f.get_slice("argmax")[a:b].long()
+        if "logz" in f.keys():
+            out["logz"] = f.get_slice("logz")[a:b].float()
         if self.index["topk"]:
             out["topk_ids"] = f.get_slice("topk_ids")[a:b].long()
             out["topk_probs"] = f.get_slice("topk_probs")[a:b].float()

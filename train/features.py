@@ -29,6 +29,9 @@ collated batch (train/dataset.py) is a dict:
   argmax         [B, T] long   the target's most likely next token at position t over its whole vocabulary
                                (from its own full-precision logits; caches built before it lack it, and
                                the losses then score it from hidden[L] themselves)
+  logz           [B, T] float32  logsumexp of those logits: a loss that needs the target's own probabilities of a
+                               draft vocabulary's tokens reads only their rows of the head (lk.overlap_rows;
+                               without it, one pass of the whole head; caches built before 2026-12-07 lack it)
 Padded positions hold zeros. `compute_features` produces hidden/topk for both the offline extractor
 and online mode (`OnlineFeatures`), so the two cannot drift.
 """
@@ -77,7 +80,7 @@ def compute_features(
     position_ids: Tensor | None = None,
     chunk: int = 2048,
 ) -> dict[str, Any]:
-    """Target features for a batch: {"hidden": {id: [B, T, D] f32}, "argmax": [B, T] long}
+    """Target features for a batch: {"hidden": {id: [B, T, D] f32}, "argmax": [B, T] long, "logz": [B, T] f32}
     (+ "topk_ids"/"topk_probs" [B, T, k]).
 
     input_ids/attention_mask [B, T] as in the batch contract; padded positions come back as zeros.
@@ -92,13 +95,15 @@ def compute_features(
     out: dict[str, Any] = {"hidden": {i: torch.where(real, h.float(), 0.0) for i, h in hidden.items()}}
     b, t = input_ids.shape
     flat = last.reshape(-1, last.shape[-1])
-    argmax, tops = [], []
+    argmax, logz, tops = [], [], []
     for a in range(0, flat.shape[0], chunk):
         logits = target.head(flat[a : a + chunk]).float()
         argmax.append(logits.argmax(-1))
+        logz.append(logits.logsumexp(-1))
         if topk:
             tops.append(torch.softmax(logits, -1).topk(topk, -1))
     out["argmax"] = torch.where(real[..., 0], torch.cat(argmax).view(b, t), 0)
+    out["logz"] = torch.where(real[..., 0], torch.cat(logz).view(b, t), 0.0)
     if topk:
         out["topk_probs"] = torch.where(real, torch.cat([x.values for x in tops]).view(b, t, topk), 0.0)
         out["topk_ids"] = torch.where(real, torch.cat([x.indices for x in tops]).view(b, t, topk), 0)
@@ -181,7 +186,7 @@ def extract_shard(target: Target, rows: datasets.Dataset, fc: FeaturesConfig) ->
             seq = dict(items[j])
             for h, x in feats["hidden"].items():
                 seq[f"hidden.{h}"] = x[r, :n].cpu()
-            seq["argmax"] = feats["argmax"][r, :n].cpu()
+            seq["argmax"], seq["logz"] = feats["argmax"][r, :n].cpu(), feats["logz"][r, :n].cpu()
             if fc.topk:
                 seq["topk_ids"], seq["topk_probs"] = feats["topk_ids"][r, :n].cpu(), feats["topk_probs"][r, :n].cpu()
             out[j] = seq

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from drafters.trainable.losses import chunk_rows, head_rows, masked_mean, teacher_probs
+from drafters.trainable.losses import chunk_rows, head_rows, masked_mean, own_probs, teacher_probs
 
 VARIANTS = ("lambda", "alpha")
 ALPHA_FLOOR = 1e-12  # -log α floors α here: a row with no overlap at all (α = 0) has no direction to move
@@ -133,24 +133,30 @@ def overlap_rows(
 ) -> tuple[list[Tensor], list[Tensor]]:
     """Per-row α_t of each drafter output logits[i] [B, T, V'] against the target's P_t (and KL(P_t || q_t) over
     V' when `with_kl`), P built `chunk` rows at a time as losses.distill_rows does. V' = `vocab_ids` (None: the
-    whole vocabulary); α reads P's own probabilities of V', KL reads P renormalised over V'.
+    whole vocabulary); α reads P's own probabilities of V', KL reads P renormalised over V'. A batch with the
+    target's log-normaliser `logz` (feature caches store it) needs only V' rows of the head for P's own
+    probabilities; without it one pass of the whole head gives them.
     -> ([B, T] fp32 α per output, [B, T] fp32 KL per output or [])
     """
     b, _, v = logits[0].shape
     whole = lm_head.weight.shape[0]
     partial = vocab_ids is not None and vocab_ids.numel() < whole
-    rows = None if "topk_ids" in batch else head_rows(lm_head, None if partial else vocab_ids)  # sliced once
+    logz = partial and "logz" in batch and "topk_ids" not in batch  # the whole vocabulary's normaliser is stored
+    rows = None if "topk_ids" in batch else head_rows(lm_head, vocab_ids if logz or not partial else None)
 
     def teacher(start: int, stop: int) -> tuple[Tensor, Tensor]:
-        # a draft vocabulary: one pass of the whole head gives α's p (the target's own probabilities of V') and
-        # KL's (those renormalised over V')
-        p = teacher_probs(batch, lm_head, num_layers, start, stop, None if partial else vocab_ids, rows)
-        if not partial:
-            return p, p
-        own = p[..., vocab_ids]  # [B, c, V'] fp32
+        # a draft vocabulary: α reads the target's own probabilities of V', KL those renormalised over V'; from the
+        # stored log-normaliser (V' rows of the head), else from one pass of the whole head
+        if logz:
+            own = own_probs(batch, rows, num_layers, start, stop)
+        else:
+            p = teacher_probs(batch, lm_head, num_layers, start, stop, None if partial else vocab_ids, rows)
+            if not partial:
+                return p, p
+            own = p[..., vocab_ids]  # [B, c, V'] fp32
         return own / own.sum(-1, keepdim=True).clamp(min=1e-12), own
 
-    out = _OverlapRows.apply(teacher, chunk or chunk_rows(b, whole if partial else v), with_kl, *logits)
+    out = _OverlapRows.apply(teacher, chunk or chunk_rows(b, whole if partial and not logz else v), with_kl, *logits)
     return list(out[: len(logits)]), list(out[len(logits) :])
 
 

@@ -124,6 +124,20 @@ def teacher_probs(
     return probs
 
 
+def own_probs(batch: dict, rows: tuple[Tensor, Tensor | None], num_layers: int, start: int, stop: int) -> Tensor:
+    """The target's own probabilities P_t(v) of the head rows `rows` (a draft vocabulary's) at rows start <= t <
+    stop, from the batch's per-row log-normaliser `logz` [B, T] (logsumexp over the whole vocabulary, which
+    feature caches store): exp(l_v - logz) reads only those rows of the head, not all V. Past the end: zeros.
+    -> [B, stop - start, N] fp32"""
+    h = batch["hidden"][num_layers][:, start:stop]
+    w, bias = rows
+    with torch.no_grad():
+        own = (flat_linear(h.to(w.dtype), w, bias).float() - batch["logz"][:, start:stop, None].float()).exp()
+    if own.shape[1] < stop - start:
+        own = torch.cat([own, own.new_zeros(own.shape[0], stop - start - own.shape[1], own.shape[-1])], 1)
+    return own
+
+
 def flat_linear(x: Tensor, w: Tensor, bias: Tensor | None = None) -> Tensor:
     """F.linear on [B, T, H] as one [B*T, H] matmul. [B, T, H] -> [B, T, V]
 
@@ -176,7 +190,8 @@ def gather_rows(batch: dict, b: Tensor, t: Tensor, num_layers: int) -> dict:
     (the post-norm state, or the stored top-k). [M] indices -> {..: [1, M, ..]}"""
     if "topk_ids" in batch:
         return {"topk_ids": batch["topk_ids"][b, t][None], "topk_probs": batch["topk_probs"][b, t][None]}
-    return {"hidden": {num_layers: batch["hidden"][num_layers][b, t][None]}}
+    rows = {"hidden": {num_layers: batch["hidden"][num_layers][b, t][None]}}
+    return rows | ({"logz": batch["logz"][b, t][None]} if "logz" in batch else {})
 
 
 class _DistillRows(torch.autograd.Function):

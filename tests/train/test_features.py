@@ -75,6 +75,8 @@ def test_stored_features_equal_output_hidden_states(built, stories):
         assert (seq["topk_ids"] == top.indices).float().mean() > 0.99  # ties aside
         assert seq["argmax"].dtype == torch.long
         assert (seq["argmax"] == out.logits[0].argmax(-1)).float().mean() > 0.99  # the target's own next token
+        assert seq["logz"].dtype == torch.float32  # its normaliser, stored in full precision
+        torch.testing.assert_close(seq["logz"], out.logits[0].float().logsumexp(-1), atol=1e-4, rtol=1e-5)
     want = bytes_per_token(64, 3, "fp32", 4)
     assert want <= cache.index["bytes_per_token"] < want * 1.2  # + offsets and headers
 
@@ -94,6 +96,7 @@ def test_offline_batches_equal_online_batches(built, stories):
             for k in ("input_ids", "attention_mask", "position_ids", "loss_mask", "topk_ids", "argmax"):
                 assert torch.equal(a[k], b[k]), k
             torch.testing.assert_close(a["topk_probs"], b["topk_probs"], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(a["logz"], b["logz"], atol=1e-4, rtol=1e-5)
             for h in (0, 2, 5):
                 assert a["hidden"][h].dtype == torch.float32
                 torch.testing.assert_close(a["hidden"][h], b["hidden"][h], atol=1e-5, rtol=1e-5)

@@ -15,13 +15,16 @@ LAMBDA, ALPHA = Objective("lk", "lambda"), Objective("lk", "alpha")
 
 
 def head_batch(source: str, B: int = 2, T: int = 10, H: int = 8, V: int = 12, seed: int = 0):
-    """A random frozen head and the batch its teacher reads: hidden states, or their top-4 (renormalised).
+    """A random frozen head and the batch its teacher reads: hidden states (+ their logits' logsumexp), or their
+    top-4 (renormalised).
     -> (head, batch, P [B, T, V] as the teacher sees it)"""
     torch.manual_seed(seed)
     head = torch.nn.Linear(H, V, bias=True)
     h = torch.randn(B, T, H)
     full = torch.softmax(head(h), -1).detach()
     batch = {"hidden": {3: h}}
+    if source == "logz":  # the stored log-normaliser (feature caches): P's own probabilities from V' rows only
+        batch["logz"] = head(h).logsumexp(-1).detach()
     if source == "topk":
         tk = full.topk(4, -1)
         batch.update(topk_ids=tk.indices, topk_probs=tk.values)
@@ -83,7 +86,7 @@ def test_a_gradient_step_on_the_logits_raises_alpha(objective):
     assert all(b > a for a, b in zip(seen, seen[1:])), seen
 
 
-@pytest.mark.parametrize("source", ["hidden", "topk"])
+@pytest.mark.parametrize("source", ["hidden", "logz", "topk"])
 @pytest.mark.parametrize("vocab", ["full", "draft"])
 def test_chunked_overlap_equals_the_whole_teacher(source, vocab):
     """overlap_rows over chunks of 3 rows (three outputs) = α and KL against the whole [B, T, V'] teacher built
@@ -114,6 +117,21 @@ def test_chunked_overlap_equals_the_whole_teacher(source, vocab):
         r = torch.autograd.grad(sum(want), logits)
         for x, y in zip(g, r):
             torch.testing.assert_close(x, y)
+
+
+def test_a_stored_log_normaliser_reads_only_the_draft_rows_of_the_head():
+    """With `logz` in the batch, α and KL over a draft vocabulary never read the head's other rows: changing them
+    changes nothing (without it, one pass of the whole head normalises P, and they move α)."""
+    head, batch, _ = head_batch("logz")
+    ids = torch.tensor([0, 2, 3, 5, 7, 11])
+    logits = [torch.randn(2, 10, 6)]
+    before = overlap_rows(logits, batch, head, 3, ids, with_kl=True)
+    with torch.no_grad():
+        head.weight[1] += 5.0  # a row outside the draft vocabulary
+    after = overlap_rows(logits, batch, head, 3, ids, with_kl=True)
+    assert all(torch.equal(a, b) for a, b in zip(before[0] + before[1], after[0] + after[1]))
+    moved = overlap_rows(logits, {"hidden": batch["hidden"]}, head, 3, ids, with_kl=True)
+    assert not torch.allclose(moved[0][0], after[0][0])
 
 
 def test_lambda_blends_kl_into_one_minus_alpha():
