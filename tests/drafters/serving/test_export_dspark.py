@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from decode.target import Target
 from drafters.registry import make_drafter
 from drafters.serving.engine_check import LAYOUTS_OF, METHODS, block_draft_len
-from drafters.serving.engine_heads import our_heads, probe
+from drafters.serving.engine_heads import compare_heads, our_heads, probe, stored_dtype
 from drafters.serving.export import export, file_shapes
 from drafters.serving.layouts.formats import expected_shapes
 from drafters.serving.layouts.rules import TargetFacts
@@ -81,10 +81,23 @@ def test_export_matches_vllm_layout_computes_our_heads_and_imports_back(tmp_path
 
 
 def test_engine_check_loads_dspark_instead_of_running_it(tmp_path, target_dir):
+    """The load-only row: vLLM's heads (here: its arithmetic on the exported tensors) against ours on the probe,
+    within the tolerance of the export's dtype; a wrong head fails the row."""
     assert METHODS["vllm-dspark"] == "dspark" and LAYOUTS_OF["dspark"] == ("vllm-dspark",)
     target = Target.load(target_dir)
-    out = export(run_dir(tmp_path, dspark(target), target_dir), "vllm-dspark", tmp_path / "x")
-    assert block_draft_len({"vllm-dspark": out}, 8) == 3
+    m = dspark(target, draft_vocab_size=64)
+    out = export(run_dir(tmp_path, m, target_dir), "vllm-dspark", tmp_path / "x", dtype="bfloat16")
+    assert block_draft_len({"vllm-dspark": out}, 8) == 3 and stored_dtype(out) == "bfloat16"
+    state = {k: v.float() for k, v in load_file(str(out / "model.safetensors")).items()}
+    p = probe(m)
+    h, prev = torch.tensor(p["h"]), torch.tensor(p["prev"])
+    logits = h @ state["lm_head.weight"].T + state[W1][prev] @ state[W2].T
+    conf = torch.sigmoid(torch.cat([h, state[W1][prev]], 1) @ state[CONF].T + state[BIAS]).squeeze(-1)
+    run = {"architecture": "Qwen3DSparkForCausalLM", "logits": logits.tolist(), "confidence": conf.tolist()}
+    row = compare_heads(run, m, p, stored_dtype(out))
+    assert row["ok"] and row["loaded"] and row["served"] is False and row["heads_logit_gap"] > 0  # bf16-rounded
+    assert not compare_heads({**run, "logits": (logits * 1.1).tolist()}, m, p, "bfloat16")["ok"]
+    assert not compare_heads({"error": "ValueError: no"}, m, p)["ok"]
 
 
 def test_import_refuses_heads_draftsmith_cannot_hold(tmp_path, target_dir):
