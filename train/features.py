@@ -29,9 +29,10 @@ collated batch (train/dataset.py) is a dict:
   argmax         [B, T] long   the target's most likely next token at position t over its whole vocabulary
                                (from its own full-precision logits; caches built before it lack it, and
                                the losses then score it from hidden[L] themselves)
-  logz           [B, T] float32  logsumexp of those logits: a loss that needs the target's own probabilities of a
-                               draft vocabulary's tokens reads only their rows of the head (lk.overlap_rows;
-                               without it, one pass of the whole head; caches built before 2026-12-07 lack it)
+  logz           [B, T] float32  logsumexp of the target's logits from hidden[L] as stored (rounded to the cache's
+                               dtype): a loss that needs the target's own probabilities of a draft vocabulary's
+                               tokens reads only their rows of the head (lk.overlap_rows; without it, one pass of
+                               the whole head; caches built before 2026-12-07 lack it)
 Padded positions hold zeros. `compute_features` produces hidden/topk for both the offline extractor
 and online mode (`OnlineFeatures`), so the two cannot drift.
 """
@@ -58,7 +59,7 @@ from decode.passes import forward_batch
 from decode.precision import bf16_reason, resolve_dtype
 from decode.target import Target
 from train.batch import collate
-from train.cache import CacheError, FeatureCache, check_existing, shard_name, write_index, write_shard
+from train.cache import STORAGE_DTYPES, CacheError, FeatureCache, check_existing, shard_name, write_index, write_shard
 from train.cache_key import feature_cache_dir, fingerprint
 from train.config import FeaturesConfig, Recipe, dump_config, load_recipe, with_feature_ids
 from train.data.fetch import prepare
@@ -79,6 +80,7 @@ def compute_features(
     topk: int = 0,
     position_ids: Tensor | None = None,
     chunk: int = 2048,
+    stored: torch.dtype | None = None,
 ) -> dict[str, Any]:
     """Target features for a batch: {"hidden": {id: [B, T, D] f32}, "argmax": [B, T] long, "logz": [B, T] f32}
     (+ "topk_ids"/"topk_probs" [B, T, k]).
@@ -87,7 +89,8 @@ def compute_features(
     The LM head runs over `chunk` positions at a time so a 152k vocabulary never needs [B, T, V] at once.
     The argmax is stored because every drafter loss needs it on every step: scoring it from the cached
     post-norm state costs a full-vocabulary LM head per row per epoch (0.9 of the 6.8 s of a chat EAGLE-3
-    forward + backward in fp32, scripts/bench_train_step.py).
+    forward + backward in fp32, scripts/bench_train_step.py). `stored`: the dtype the cache keeps hidden[L] in;
+    a lower precision than the target's costs one more head pass here, for a logz that matches the stored state.
     """
     ids = tuple(sorted(set(hidden_ids)))
     last, hidden = forward_batch(target, input_ids, attention_mask, ids, position_ids)  # [B, T, D]
@@ -96,10 +99,16 @@ def compute_features(
     b, t = input_ids.shape
     flat = last.reshape(-1, last.shape[-1])
     argmax, logz, tops = [], [], []
+    post = hidden.get(target.num_layers)  # the post-norm state the cache stores, which losses score
+    rounded = post is not None and stored is not None and torch.finfo(stored).bits < torch.finfo(post.dtype).bits
+    post = post.reshape(-1, post.shape[-1]) if rounded else None
     for a in range(0, flat.shape[0], chunk):
         logits = target.head(flat[a : a + chunk]).float()
         argmax.append(logits.argmax(-1))
-        logz.append(logits.logsumexp(-1))
+        # logz normalises the logits a loss computes from the stored (rounded) state: from those, not the
+        # full-precision ones (their logsumexp differs by ~1e-2 in bf16, which would scale every P by as much)
+        z = target.lm_head(post[a : a + chunk].to(stored).to(post.dtype)).float() if rounded else logits
+        logz.append(z.logsumexp(-1))
         if topk:
             tops.append(torch.softmax(logits, -1).topk(topk, -1))
     out["argmax"] = torch.where(real[..., 0], torch.cat(argmax).view(b, t), 0)
@@ -180,7 +189,9 @@ def extract_shard(target: Target, rows: datasets.Dataset, fc: FeaturesConfig) ->
     for a in range(0, len(order), fc.batch_size):
         idx = order[a : a + fc.batch_size]
         batch = collate([items[j] for j in idx])
-        feats = compute_features(target, batch["input_ids"], batch["attention_mask"], fc.hidden_ids, fc.topk)
+        feats = compute_features(
+            target, batch["input_ids"], batch["attention_mask"], fc.hidden_ids, fc.topk, stored=STORAGE_DTYPES[fc.dtype]
+        )
         for r, j in enumerate(idx):
             n = items[j]["input_ids"].numel()
             seq = dict(items[j])

@@ -81,6 +81,24 @@ def test_stored_features_equal_output_hidden_states(built, stories):
     assert want <= cache.index["bytes_per_token"] < want * 1.2  # + offsets and headers
 
 
+def test_a_bf16_cache_stores_the_normaliser_of_its_own_rounded_state(stories):
+    """logz normalises what a loss computes from the stored hidden[L]: from the state rounded to the cache's dtype
+    (its full-precision logits' logsumexp differs by ~1e-2 in bf16 on the chat target), while argmax stays the
+    target's own."""
+    ids = torch.tensor([[1, 45, 67, 89, 12, 230, 7, 99, 140, 3]])
+    am = torch.ones_like(ids)
+    L = stories.num_layers
+    f = features.compute_features(stories, ids, am, [L], stored=torch.bfloat16)
+    with torch.no_grad():
+        full = stories.model(ids).logits[0].float()
+        state = f["hidden"][L][0].to(torch.bfloat16).float()  # what the cache keeps
+        want = stories.lm_head(state).float().logsumexp(-1)  # hidden[L] is post-norm
+    torch.testing.assert_close(f["logz"][0], want, atol=1e-5, rtol=1e-5)
+    assert torch.equal(f["argmax"][0], full.argmax(-1))
+    plain = features.compute_features(stories, ids, am, [L])  # online: the state is not rounded
+    torch.testing.assert_close(plain["logz"][0], full.logsumexp(-1), atol=1e-4, rtol=1e-5)
+
+
 def test_offline_batches_equal_online_batches(built, stories):
     r, _ = built
     online = load_recipe(r_path(r), ["features.mode=online"] + overrides_of(r))
