@@ -77,11 +77,11 @@ def detects(cfg: dict) -> bool:
 
 def unfit(meta: dict, speculative_tokens: int) -> str | None:
     """Why a native DFlash cannot be written for vLLM (None: it can), with what to do instead."""
-    c = meta["config"]
+    c, kind = meta["config"], meta.get("draftsmith_drafter", "dflash")
     if not c.get("qk_norm"):
         return (
             "vLLM's DFlash draft layers norm q and k per head (qwen3_dflash.py, DFlashQwen3Attention), this drafter's "
-            "layers do not, so vLLM would draft other tokens: train it with drafter.dflash.qk_norm=true"
+            f"layers do not, so vLLM would draft other tokens: train it with drafter.{kind}.qk_norm=true"
         )
     k = int(c["block_size"])
     if speculative_tokens and speculative_tokens != k - 1:

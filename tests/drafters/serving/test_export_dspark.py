@@ -22,6 +22,7 @@ from drafters.serving.layouts.rules import TargetFacts
 from drafters.trainable.dspark import DSpark, DSparkConfig
 from tests.drafters.serving import export_cases
 from tests.drafters.serving.export_cases import drafts, run_dir
+from tests.drafters.serving.test_export_dflash import refused
 
 target_dir = export_cases.target_dir  # the module-scoped fixture: a tiny random Qwen3 target directory
 W1, W2 = "markov_head.markov_w1.weight", "markov_head.markov_w2.weight"
@@ -98,6 +99,17 @@ def test_engine_check_loads_dspark_instead_of_running_it(tmp_path, target_dir):
     assert row["ok"] and row["loaded"] and row["served"] is False and row["heads_logit_gap"] > 0  # bf16-rounded
     assert not compare_heads({**run, "logits": (logits * 1.1).tolist()}, m, p, "bfloat16")["ok"]
     assert not compare_heads({"error": "ValueError: no"}, m, p)["ok"]
+
+
+def test_dspark_without_qk_norm_or_at_another_length_is_refused(tmp_path, target_dir, capsys):
+    target = Target.load(target_dir)
+    torch.manual_seed(0)
+    m = DSpark(target, DSparkConfig(block_size=4, qk_norm=False, markov_rank=8))
+    err = refused(tmp_path, capsys, run_dir(tmp_path, m, target_dir), "--format", "vllm-dspark")
+    assert "drafter.dspark.qk_norm=true" in err and len(err.strip().splitlines()) == 1
+    src = run_dir(tmp_path / "b", dspark(target), target_dir)
+    err = refused(tmp_path, capsys, src, "--format", "vllm-dspark", "--speculative-tokens", "2")
+    assert "served with exactly 3" in err
 
 
 def test_import_refuses_heads_draftsmith_cannot_hold(tmp_path, target_dir):
