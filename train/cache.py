@@ -3,8 +3,8 @@
 Layout of `cache_dir`:
   shard_00000.safetensors   sequences [seq_start, seq_end), tokens concatenated (no padding):
       input_ids [N] int32, loss_mask [N] bool, offsets [n + 1] int64 (sequence j = rows offsets[j]:offsets[j+1]),
-      hidden.{id} [N, D] storage dtype, argmax [N] int32 (the target's next token) and logz [N] float32 (its
-      logits' logsumexp; each absent in caches built before it), and with top-k: topk_ids [N, k] int32,
+      hidden.{id} [N, D] storage dtype, argmax [N] int32 (the target's next token) and logz [N] float32 (the
+      logsumexp of the head on hidden[L] as stored; each absent in caches built before it), and with top-k: topk_ids [N, k] int32,
       topk_probs [N, k] storage dtype.
       The safetensors metadata holds one key, "draftsmith": JSON {fingerprint hash, shard, seq_start, seq_end,
       tokens} (one key, because safetensors writes several in random order and shards must be byte-stable).

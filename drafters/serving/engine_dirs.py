@@ -228,8 +228,7 @@ def load_dflash(path: Path, target: Target):
     if dspark:
         module = DSpark(target, DSparkConfig(**config, markov_rank=int(cfg["markov_rank"])))
         head = target.lm_head.weight.detach().cpu()
-        rows = head[torch.arange(n) + tensors["d2t"].long()] if n else head
-        state |= dspark_state(heads, rows, target.vocab_size, path)
+        state |= dspark_state(heads, head[ids] if n else head, target.vocab_size, path)
     else:
         module = DFlash(target, DFlashConfig(**config))
     module.load_state_dict(state)  # strict: problems() already matched every key and shape

@@ -1,4 +1,4 @@
-"""`draftsmith engine-check` for a layout vLLM's CPU build loads but cannot run (DSpark: vllm_dspark.NO_CPU_RUNNER).
+"""`draftsmith engine-check` for a layout vLLM's CPU build loads but cannot run (DSpark: vllm_dspark.py).
 
 Instead of decoding, vLLM builds the draft model with its own loader (every weight must load; vllm_worker.load_one)
 and evaluates the draft's heads on a probe: head states h [n, D] (the backbone's normed output) and the previous
@@ -35,8 +35,8 @@ def probe(module: nn.Module, n: int = 8, seed: int = 0) -> dict:
 
 @torch.no_grad()
 def our_heads(module: nn.Module, p: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """Our DSpark's draft logits [n, N] and P(accept) [n] for probe head states (already normed) and tokens."""
-    module = module.float()
+    """Our DSpark's (float32) draft logits [n, N] and P(accept) [n] for probe head states (already normed) and
+    tokens."""
     h, prev = torch.tensor(p["h"]), torch.tensor(p["prev"])
     z = h + module.markov(prev)  # head_states without the norm: the probe's h is the normed state
     w, b = module.head_rows()

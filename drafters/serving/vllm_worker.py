@@ -92,7 +92,7 @@ def run_one(job: dict, run: dict) -> dict:
 
 
 def load_one(job: dict, run: dict) -> dict:
-    """A method this CPU build cannot serve (DSpark: vllm_dspark.NO_CPU_RUNNER), loaded instead of run: the target
+    """A method this CPU build cannot serve (DSpark: vllm_dspark.py), loaded instead of run: the target
     and the draft model built by vLLM's own loaders (load_dspark_model: every weight must load), then the draft's
     heads on the probe's head states h [n, D] and previous tokens [n]: {logits [n, N], confidence [n]}."""
     import socket

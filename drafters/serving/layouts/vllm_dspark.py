@@ -13,9 +13,13 @@ vocabulary); DSpark adds two heads, written in vLLM's parametrisation of the sam
 vLLM's DSpark speculator samples from the anchor by default (N query rows, the anchor predicting the first token);
 ours is DFlash's fill-in block (the anchor is the verified token, masks sit at the drafted positions), which vLLM
 runs with `sample_from_anchor: false` and num_speculative_tokens = block_size - 1
-(v1/worker/gpu/spec_decode/dspark/speculator.py). That speculator exists only in vLLM's model runner V2, whose
-sampling kernels are Triton: on a CPU without a Triton backend vLLM uses its V1 runner, which has no DSpark
-proposer (see NO_CPU_RUNNER). An export is not read back by draftsmith's decoder: decode the native export.
+(v1/worker/gpu/spec_decode/dspark/speculator.py).
+
+Not on a CPU: that speculator exists only in vLLM's model runner V2, which needs Triton ("Model Runner V2 requires
+Triton.", vllm/config/vllm.py; the CPU platform overrides only V1's kernels, platforms/cpu.py), and V1 refuses the
+method ("Model Runner V1 does not support: dspark speculative decoding", config/vllm.py
+_get_v1_model_runner_unsupported_features). engine-check therefore loads the export instead (engine_heads.py).
+An export reads back into draftsmith's decoder (engine_dirs.load_dflash solves W from markov_w2).
 """
 
 from __future__ import annotations
@@ -38,13 +42,6 @@ REQUIRED = (
     "enable_confidence_head",
     "confidence_head_with_markov",
     "sample_from_anchor",
-)
-NO_CPU_RUNNER = (
-    "vLLM 0.32 runs DSpark in its model runner V2 only (v1/worker/gpu/spec_decode/__init__.py: DSparkSpeculator), "
-    "whose sampling kernels need Triton (vllm/config/vllm.py use_v2_model_runner: 'Model Runner V2 requires Triton'); "
-    "the CPU platform overrides only V1's kernels (platforms/cpu.py register_triton_kernel_overrides), and V1's "
-    "runner has no DSpark branch: use_eagle() includes 'dspark' (config/speculative.py) and use_dflash() does not, "
-    "so gpu_model_runner.py builds an EagleProposer for it"
 )
 
 

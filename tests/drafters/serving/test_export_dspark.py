@@ -131,7 +131,7 @@ def test_import_refuses_heads_draftsmith_cannot_hold(tmp_path, target_dir):
 
 @pytest.mark.slow
 def test_engine_check_dspark_loads_in_vllm(tmp_path, monkeypatch):
-    """vLLM 0.32 CPU cannot run DSpark (vllm_dspark.NO_CPU_RUNNER): its own loader builds the export, every weight
+    """vLLM 0.32 CPU cannot run DSpark (vllm_dspark.py): its own loader builds the export, every weight
     loads, and its heads compute ours on the probe."""
     from drafters.serving.checkpoint import save_drafter
     from drafters.serving.engine_check import engine_check
