@@ -335,3 +335,13 @@ def bench_gemm(tmp, chat):
 def bench_peers(tmp, chat):
     out = ["--out", str(tmp / "peers"), "--no-vllm"]
     return ["early-exit:1", "--target", str(chat), "--limit", "1", "--max-new-tokens", "4", *out], "AR (HF modules)"
+
+
+@row("paired.py")
+def paired(tmp, chat):  # two rows over two prompts, τ 2 and 1.5 vs 1 and 1.5: Δ +0.500 ± 0.500
+    def r(spec, taus):
+        ps = [{"id": str(i), "mean_accepted_tokens": t} for i, t in enumerate(taus)]
+        return {"spec": spec, "mean_accepted_tokens": sum(taus) / 2, "tokens_per_s": 1.0, "prompts": ps}
+
+    (tmp / "report.json").write_text(json.dumps({"drafters": [r("a/export", [2, 1.5]), r("b/export", [1, 1.5])]}))
+    return [str(tmp / "report.json"), "--pair", "a/export=b/export"], "Δ τ +0.500 ± 0.500 (2 prompts)"
