@@ -7,7 +7,7 @@ ids and otherwise written for one engine (`--engine`, recorded in `draftsmith.en
 under `midlayer.`, then `fc`, `norm`, `lm_head`, and `d2t`/`t2d` for a reduced draft vocabulary; no
 `embed_tokens` (unless --with-embeddings). A Qwen3 target's own layer (`draft_layer: target`) is written under
 vLLM's name for it, `Eagle3Qwen3ForCausalLM` (model_type qwen3, and `midlayer.self_attn.{q,k}_norm.weight`);
-whether SGLang loads that name is not checked here.
+SGLang 0.5.23 has no class of that name (read in its wheel), so such a directory serves in vLLM only.
 """
 
 from __future__ import annotations
