@@ -289,4 +289,5 @@ def export_facts(
         evaluations=run_evaluations(run, recipe),
         engine=(layout.get("draftsmith") or {}).get("engine") if fmt == "eagle3" else None,
         draft_tokens=tokens,
+        vllm_only=kind == "eagle3" and (meta.get("config") or {}).get("draft_layer") == "target",
     )

@@ -84,6 +84,7 @@ class CardFacts:
     engine: str | None = None  # `eagle3` export with explicit capture ids: the one engine that reads them right
     draft_tokens: int = 4  # num_speculative_tokens in the serve commands
     prompts: str = "PROMPTS.jsonl"  # the prompt file the evaluate command names
+    vllm_only: bool = False  # a Qwen3 draft layer (`draft_layer: target`): SGLang 0.5.23 has no class for it
 
 
 def front_matter(f: CardFacts) -> dict:
@@ -92,7 +93,7 @@ def front_matter(f: CardFacts) -> dict:
     tags = ["speculative-decoding", KIND_TAGS.get(f.kind, f.kind), "draftsmith", *engines]
     return {
         "base_model": f.target,
-        "library_name": LIBRARY[f.fmt],
+        "library_name": "vllm" if f.vllm_only and f.fmt == "eagle3" else LIBRARY[f.fmt],
         "license": f.license or "unknown",
         "tags": list(dict.fromkeys(tags)),
     }
@@ -101,7 +102,8 @@ def front_matter(f: CardFacts) -> dict:
 def engine_tags(f: CardFacts) -> list[str]:
     """The serving engines that load this directory as it is."""
     if f.fmt == "eagle3":
-        return [f.engine] if f.engine else ["sglang", "vllm"]
+        engines = [f.engine] if f.engine else ["sglang", "vllm"]
+        return [e for e in engines if e != "sglang"] if f.vllm_only else engines
     return {
         "speculators": ["vllm", "speculators"],
         "medusa-vllm": ["vllm"],
@@ -157,13 +159,16 @@ def engine_section(f: CardFacts, directory: str, fmt: str, only: str | None = No
     out = []
     pre = [first] if first else []
     reads_vllm = only in (None, "vllm") and (fmt != "eagle3" or f.engine in (None, "vllm"))
-    reads_sglang = only in (None, "sglang") and fmt == "eagle3" and f.engine in (None, "sglang")
+    reads_sglang = only in (None, "sglang") and fmt == "eagle3" and f.engine in (None, "sglang") and not f.vllm_only
     if reads_vllm:
         out += ["vLLM:", "", "```bash", *pre, vllm_command(f, directory, fmt), "```", ""]
     if reads_sglang:
         out += ["SGLang:", "", "```bash", *pre, sglang_command(f, directory), "```", ""]
     if fmt == "vllm-dspark":
         out += ["vLLM 0.32 runs DSpark in its GPU model runner (V2) only; its CPU runner has no DSpark proposer.", ""]
+    if f.vllm_only and only in (None, "sglang"):  # no other engine note applies: SGLang cannot load it at all
+        again = " (export the native checkpoint again with `--engine vllm`)" if fmt == "eagle3" and f.engine else ""
+        return out + [f"SGLang 0.5.23 has no EAGLE-3 drafter with a Qwen3 layer: serve it with vLLM{again}.", ""]
     if only is not None:
         return out
     if fmt == "eagle3" and f.engine:

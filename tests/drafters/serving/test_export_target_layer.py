@@ -53,6 +53,10 @@ def test_qwen3_layer_export_import_gives_identical_drafts(tmp_path, target_dir, 
     for (a, _), (b, _) in zip(m.unroll(batch, 3), imported.unroll(batch, 3)):
         assert torch.equal(a, b)
     assert drafts(m.drafter(), target) == drafts(make_drafter(str(out), target), target)
+    card = (out / "README.md").read_text()  # SGLang 0.5.23 has no Qwen3 EAGLE-3 class: the card says vLLM
+    assert (
+        "sglang.launch_server" not in card and "has no EAGLE-3 drafter with a Qwen3 layer: serve it with vLLM" in card
+    )
 
 
 def test_the_llama_layer_still_exports_as_llama(tmp_path, target_dir):

@@ -116,6 +116,15 @@ def test_card_is_hub_metadata_then_the_sections():
     assert "--engine vllm" in body and NO_EVAL in body
 
 
+@pytest.mark.parametrize("fmt", ["eagle3", "speculators", "native"])
+def test_a_qwen3_draft_layer_card_names_vllm_only(fmt):
+    """SGLang 0.5.23 has no Qwen3 EAGLE-3 class: no SGLang command, tag or library, whatever the layout."""
+    meta, body = split(model_card(CardFacts(fmt=fmt, kind="eagle3", target="t", directory="d", vllm_only=True)))
+    assert "sglang" not in meta["tags"] and meta["library_name"] != "sglang" and "sglang.launch_server" not in body
+    assert "SGLang 0.5.23 has no EAGLE-3 drafter with a Qwen3 layer" in body
+    assert "vllm serve t " in body  # a native checkpoint's after its export command
+
+
 @pytest.mark.parametrize(
     "kind,fmt,library",
     [
