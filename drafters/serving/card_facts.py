@@ -17,6 +17,9 @@ import yaml
 from drafters.serving.layouts.rules import engine_default_ids
 from drafters.serving.model_card import CardFacts, Evaluation
 
+# The files `fetch:NAME` data sources resolve to under the data home (train/data/sharegpt.py's DATA_FILES): a card
+# names the source as the recipe did, not by the path it had on the machine that trained the drafter.
+FETCHED = {"sharegpt/sharegpt.jsonl": "fetch:sharegpt", "sharegpt/first_turns.jsonl": "fetch:sharegpt-first-turns"}
 RUN_FILES = ("metrics.jsonl", "config.yaml", "final_eval.json")  # what makes a directory a training run's
 LICENCE_FIRST_LINES = {
     "mit license": "mit",
@@ -75,13 +78,19 @@ def target_license(model_dir: Path | None) -> str | None:
     return None
 
 
+def source_name(source: str) -> str:
+    """A data source as a recipe names it: a fetched file's `fetch:NAME`, anything else as recorded."""
+    return next((name for tail, name in FETCHED.items() if Path(source).as_posix().endswith("/" + tail)), source)
+
+
 def data_rows(recipe: dict) -> tuple[tuple[str, str], ...]:
     """The recipe's data section: where the text came from, how much, and who wrote the answers."""
     d, out = recipe.get("data") or {}, []
     regen = d.get("regenerate") or {}
     source = d.get("source")
     if source:
-        out.append(("source", ", ".join(map(str, source)) if isinstance(source, list) else str(source)))
+        names = [source_name(str(x)) for x in (source if isinstance(source, list) else [source])]
+        out.append(("source", ", ".join(names)))
         n = d.get("max_records") or 0
         out.append(("records", f"the first {n:,} records of the source" if n else "every record of the source"))
     elif regen.get("num_samples"):

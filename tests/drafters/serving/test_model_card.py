@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from decode.target import Target
-from drafters.serving.card_facts import target_license
+from drafters.serving.card_facts import FETCHED, data_rows, target_license
 from drafters.serving.checkpoint import save_drafter
 from drafters.serving.export import export
 from drafters.serving.model_card import CardFacts, Evaluation, model_card
@@ -198,6 +198,16 @@ def test_target_licence_is_read_or_left_unknown(tmp_path):
     assert target_license(tmp_path) == "other"
     (tmp_path / "README.md").write_text("---\nlicense: llama3.1\n---\n")
     assert target_license(tmp_path) == "llama3.1"  # the Hub card wins over the LICENSE text
+
+
+def test_a_fetched_source_is_named_as_the_recipe_named_it():
+    """A card says `fetch:sharegpt-first-turns`, not the data home path the recipe resolved it to on one machine."""
+    from train.data.identity import data_home
+    from train.data.sharegpt import DATA_FILES
+
+    assert FETCHED == {f"sharegpt/{f}": f"fetch:{n}" for n, f in DATA_FILES.items()}  # the two lists agree
+    recipe = {"data": {"source": [str(data_home() / "sharegpt" / DATA_FILES["sharegpt-first-turns"]), "my.jsonl"]}}
+    assert dict(data_rows(recipe))["source"] == "fetch:sharegpt-first-turns, my.jsonl"
 
 
 def test_shipped_drafter_has_its_card():
