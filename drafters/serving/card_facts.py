@@ -160,7 +160,8 @@ def training_rows(recipe: dict, rows: list[dict], kind: str) -> tuple[tuple[str,
         )
     settings = (recipe.get("drafter") or {}).get(kind)
     if settings:
-        out.append(("drafter settings", ", ".join(f"{k}={v}" for k, v in settings.items())))
+        # an empty list is a default the target fills in (capture ids: the target rows give them)
+        out.append(("drafter settings", ", ".join(f"{k}={v}" for k, v in settings.items() if v != [])))
     trained = [r["trained_tokens"] for r in rows if isinstance(r.get("trained_tokens"), int)]
     if trained:
         out.append(("trained tokens", f"{trained[-1]:,} (loss-masked tokens, all processes)"))
