@@ -1,6 +1,6 @@
 """Paired τ differences between the rows of one evaluation report, over the same prompts.
 
-    python scripts/paired.py runs/bench80/report.json --pair NEW_ROW=OLD_ROW [--pair ...]
+    python scripts/paired.py runs/bench80/report.json --pair NEW_ROW OLD_ROW [--pair ...]
 
 A row is named by a substring of its spec (or its name) that matches exactly one row of the report, e.g.
 `e3-new/export@dynamic` or `drafters/eagle3`. For each pair it prints both rows' τ, tokens/s and speed against
@@ -59,15 +59,19 @@ def pair_line(new: dict, old: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("report", type=Path, help="a report.json of decode.evaluate or scripts/bench_chat.py")
-    ap.add_argument("--pair", action="append", required=True, help="NEW=OLD, each a substring naming one row")
+    ap.add_argument(
+        "--pair",
+        nargs=2,
+        action="append",
+        required=True,
+        metavar=("NEW", "OLD"),
+        help="two rows, each named by a substring",
+    )
     args = ap.parse_args()
     if not args.report.is_file():
         sys.exit(f"error: no report at {args.report} (pass the report.json an evaluation wrote)")
     rows = json.loads(args.report.read_text())["drafters"]
-    for pair in args.pair:
-        if "=" not in pair:
-            sys.exit(f"error: --pair wants NEW=OLD, got '{pair}'")
-        new_key, old_key = pair.split("=", 1)
+    for new_key, old_key in args.pair:  # a tree spec holds '=', so the two rows are two arguments
         print(pair_line(find_row(rows, new_key), find_row(rows, old_key)))
 
 

@@ -344,4 +344,4 @@ def paired(tmp, chat):  # two rows over two prompts, τ 2 and 1.5 vs 1 and 1.5: 
         return {"spec": spec, "mean_accepted_tokens": sum(taus) / 2, "tokens_per_s": 1.0, "prompts": ps}
 
     (tmp / "report.json").write_text(json.dumps({"drafters": [r("a/export", [2, 1.5]), r("b/export", [1, 1.5])]}))
-    return [str(tmp / "report.json"), "--pair", "a/export=b/export"], "Δ τ +0.500 ± 0.500 (2 prompts)"
+    return [str(tmp / "report.json"), "--pair", "a/export", "b/export"], "Δ τ +0.500 ± 0.500 (2 prompts)"
