@@ -22,16 +22,13 @@ from scripts.curve_points import paired_delta  # noqa: E402
 
 
 def find_row(rows: list[dict], key: str) -> dict:
-    """The one row whose spec or name contains `key`; an exact match, then a suffix, wins over substrings."""
-    for tier in (lambda s: s == key, lambda s: s.endswith(key)):
-        hits = [r for r in rows if tier(str(r.get("spec", ""))) or tier(str(r.get("name", "")))]
+    """The one row whose spec or name equals `key`, else ends with it, else contains it (the first unique match)."""
+    for tier in (str.__eq__, str.endswith, str.__contains__):
+        hits = [r for r in rows if any(tier(str(r.get(f, "")), key) for f in ("spec", "name"))]
         if len(hits) == 1:
             return hits[0]
-    hits = [r for r in rows if key in str(r.get("spec", "")) or key in str(r.get("name", ""))]
-    if len(hits) != 1:
-        names = ", ".join(str(r.get("spec") or r.get("name")) for r in (hits or rows))
-        raise SystemExit(f"error: '{key}' matches {len(hits)} rows, need exactly one; rows: {names}")
-    return hits[0]
+    names = ", ".join(str(r.get("spec") or r.get("name")) for r in (hits or rows))
+    raise SystemExit(f"error: '{key}' matches {len(hits)} rows, need exactly one; rows: {names}")
 
 
 def per_prompt_tau(row: dict) -> dict[str, float]:
