@@ -244,7 +244,7 @@ def test_shipped_block_drafter_is_a_bf16_native_dspark_under_32_mb_with_its_card
     meta, body = split((SHIPPED_BLOCK / "README.md").read_text())
     assert meta["base_model"] == cfg["target"]["name_or_path"] and "dspark" in meta["tags"]
     assert [ln for ln in body.splitlines() if ln.startswith("## ")] == SECTIONS
-    mt = cfg["draftsmith"]["measured"]["mt_bench_80_first_turns_64_tokens_fp32"]
+    mt = cfg["draftsmith"]["measured"]["mt_bench_80_first_turns_64_tokens_bf16"]
     assert f"| chain k=7 | {mt['tau_chain_k7']} |" in body
     assert "/root/" not in body + json.dumps(cfg) and "fetch:sharegpt-first-turns" in body
 
