@@ -16,6 +16,7 @@ One command does the whole job; rerun it after any interruption and it continues
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
@@ -113,6 +114,7 @@ def run(recipe) -> int:
     else:
         state = PartialState(cpu=cpu)
     dist = Dist(state.process_index, state.num_processes, state.wait_for_everyone)
+    given_source = recipe.data.source  # `fetch:NAME` as written: what config.yaml and the checkpoint record
     with state.main_process_first():  # a fetchable target or `fetch:` data source is fetched once, on first use
         recipe = prepare(recipe)
     torch.manual_seed(recipe.seed)
@@ -144,7 +146,10 @@ def run(recipe) -> int:
     drafter = build_drafter(recipe, target, train_ds, state.process_index).to(state.device)
     if recipe.train.init_from:
         warm_start(drafter, recipe.train.init_from, target)
-    recipe_dict = to_dict(recipe)
+    # the run's record names a fetched source by its `fetch:` name, not this machine's path, so a shipped
+    # drafter's config.json and a run's config.yaml rerun anywhere (the caches are keyed by content, not path)
+    recorded = dataclasses.replace(recipe, data=dataclasses.replace(recipe.data, source=given_source))
+    recipe_dict = to_dict(recorded)
     train(
         recipe,
         drafter,
@@ -153,6 +158,7 @@ def run(recipe) -> int:
         eval_ds,
         featurize,
         export_fn=lambda d, out, state: save_drafter(d, out, recipe=recipe_dict, target_id=recipe.target, state=state),
+        record=recorded,
     )
     return 0
 

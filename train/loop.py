@@ -85,9 +85,11 @@ def train(
     eval_ds: Dataset,
     featurize: Callable[[dict[str, Any]], dict[str, Any]],
     export_fn: ExportFn,
+    record: Recipe | None = None,
 ) -> Path:
     """Run the recipe's optimisation; returns the export directory. `export_fn(drafter, dir, state)` writes
-    the native format (`state`: the drafter's full state dict, gathered from every rank)."""
+    the native format (`state`: the drafter's full state dict, gathered from every rank); `record` is the
+    recipe config.yaml keeps (default `recipe`)."""
     from accelerate.utils import set_seed
     from tqdm.auto import tqdm
 
@@ -99,7 +101,7 @@ def train(
     main = acc.is_main_process
     if main:
         run_dir.mkdir(parents=True, exist_ok=True)
-        dump_config(recipe, run_dir / "config.yaml")
+        dump_config(record or recipe, run_dir / "config.yaml")
         print(
             f"[train] {acc.num_processes} process(es), {acc.distributed_type.value}, device {acc.device}, "
             f"mixed precision {acc.mixed_precision}; run dir {run_dir}"
